@@ -1,0 +1,301 @@
+//! Mapping volume sectors to component sectors: ccd's `ccdbuffer` and `ccdstart` loop.
+
+use std::iter::{FusedIterator, Peekable};
+
+use crate::{Errno, Error, Flavor, Geometry};
+
+/// One component I/O of a request: a run of sectors inside one interleave unit (or, when
+/// concatenated, inside one component).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Piece {
+    /// First volume sector.
+    pub lblk: u64,
+    /// Component index, in the order the components were given.
+    pub component: usize,
+    /// First sector on the component, including the reserved area.
+    pub cblk: u64,
+    /// Length in sectors.
+    pub count: u64,
+    /// For a mirror, the component that holds the same sectors at the same `cblk`.
+    pub mirror: Option<usize>,
+}
+
+impl Piece {
+    /// One past the last volume sector of the piece.
+    #[must_use]
+    pub fn lblk_end(&self) -> u64 {
+        self.lblk + self.count
+    }
+}
+
+/// How ccd itself would treat a request, for comparison with ccd (see
+/// [`Geometry::map_ccd`]). The library's own [`Geometry::map`] never truncates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// The whole request maps.
+    Ok,
+    /// The request crosses the end; ccd truncates it there.
+    Truncated,
+    /// The request starts exactly at the end: end of file, no data, no error.
+    Eof,
+    /// A zero-length request: completes at once.
+    Empty,
+    /// The request starts past the end: EINVAL on NetBSD, EIO on FreeBSD.
+    Error(Errno),
+}
+
+impl Status {
+    /// The name used in JSON output: `ok`, `truncated`, `eof`, `empty` or `error`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Truncated => "truncated",
+            Self::Eof => "eof",
+            Self::Empty => "empty",
+            Self::Error(_) => "error",
+        }
+    }
+}
+
+impl Geometry {
+    /// Maps `count` sectors from volume sector `start` to component pieces, in ascending
+    /// volume order, one per interleave unit touched, exactly as ccd issues them (ccd never
+    /// merges; see [`Pieces::merged`] for that). The iterator allocates nothing.
+    ///
+    /// A zero-length request maps to no pieces.
+    ///
+    /// ```
+    /// use tagstripe_striping::Geometry;
+    /// let g = Geometry::builder([100, 400], 16).build()?;
+    /// // striping.md §4: ccd issues five pieces on component 1, contiguous there.
+    /// let pieces: Vec<_> = g.map(190, 60)?.map(|p| (p.component, p.cblk, p.count)).collect();
+    /// assert_eq!(pieces, [(1, 94, 2), (1, 96, 16), (1, 112, 16), (1, 128, 16), (1, 144, 10)]);
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::RequestOverflow`] if `start + count` overflows, [`Error::PastEnd`] if the
+    /// request reaches past the end of the volume. Nothing is mapped in either case.
+    pub fn map(&self, start: u64, count: u64) -> Result<Pieces<'_>, Error> {
+        let end = start
+            .checked_add(count)
+            .ok_or(Error::RequestOverflow { start, count })?;
+        if end > self.total_sectors() {
+            return Err(Error::PastEnd {
+                start,
+                count,
+                total: self.total_sectors(),
+            });
+        }
+        Ok(self.pieces(start, end))
+    }
+
+    /// Maps a request the way ccd does at the end of the volume: a request that crosses the
+    /// end is truncated, one at the end is EOF, one past it an error (EINVAL, or EIO for
+    /// FreeBSD). Returns the status and the pieces of what ccd would transfer.
+    ///
+    /// ```
+    /// use tagstripe_striping::{Geometry, Status};
+    /// let g = Geometry::builder([1000, 2000, 1500], 0).build()?;
+    /// let (status, pieces) = g.map_ccd(4495, 40);
+    /// assert_eq!(status, Status::Truncated);
+    /// assert_eq!(pieces.map(|p| p.count).sum::<u64>(), 5);
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    #[must_use]
+    pub fn map_ccd(&self, start: u64, count: u64) -> (Status, Pieces<'_>) {
+        let total = self.total_sectors();
+        let status = if count == 0 {
+            Status::Empty
+        } else if start == total {
+            Status::Eof
+        } else if start > total {
+            Status::Error(match self.flavor() {
+                Flavor::FreeBsd => Errno::Eio,
+                _ => Errno::Einval,
+            })
+        } else if start.checked_add(count).is_none_or(|end| end > total) {
+            Status::Truncated
+        } else {
+            Status::Ok
+        };
+        let pieces = match status {
+            Status::Ok => self.pieces(start, start + count),
+            Status::Truncated => self.pieces(start, total),
+            _ => self.pieces(0, 0),
+        };
+        (status, pieces)
+    }
+
+    /// The single sector `lblk`: where it lives, or `None` past the end.
+    ///
+    /// ```
+    /// use tagstripe_striping::Geometry;
+    /// let g = Geometry::builder([64, 64], 8).build()?;
+    /// let p = g.locate(9).unwrap();
+    /// assert_eq!((p.component, p.cblk), (1, 1));
+    /// assert!(g.locate(128).is_none());
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    #[must_use]
+    pub fn locate(&self, lblk: u64) -> Option<Piece> {
+        self.map(lblk, 1).ok()?.next()
+    }
+
+    /// Pieces of `[start, end)`, which the caller has bounds-checked.
+    fn pieces(&self, start: u64, end: u64) -> Pieces<'_> {
+        let row = if start >= end || self.rows().len() == 1 {
+            0
+        } else {
+            self.rows()
+                .partition_point(|r| r.lblk_start() <= start)
+                .saturating_sub(1)
+        };
+        Pieces {
+            geometry: self,
+            next: start,
+            end,
+            row,
+        }
+    }
+
+    /// The piece starting at `lblk` in row `row`, at most `remaining` long.
+    #[inline]
+    fn piece(&self, row: usize, lblk: u64, remaining: u64) -> Piece {
+        let il = self.interleave();
+        if let Some(fast) = self.fast {
+            // One row holding every component in order, power-of-two interleave and count.
+            let unit = lblk >> fast.il_shift;
+            let cboff = lblk & (il - 1);
+            let k = unit & ((1u64 << fast.n_shift) - 1);
+            let cunit = unit >> fast.n_shift;
+            let data = 1usize << fast.n_shift;
+            return Piece {
+                lblk,
+                component: k as usize,
+                cblk: (cunit << fast.il_shift) + cboff + self.reserved_sectors(),
+                count: (il - cboff).min(remaining),
+                mirror: self.is_mirror().then_some(k as usize + data),
+            };
+        }
+        let r = &self.rows()[row];
+        if il == 0 {
+            return Piece {
+                lblk,
+                component: r.members()[0],
+                cblk: lblk - r.lblk_start() + self.reserved_sectors(),
+                count: (r.lblk_end() - lblk).min(remaining),
+                mirror: None,
+            };
+        }
+        let unit = lblk / il;
+        let cboff = lblk % il;
+        let off = unit - r.unit_start;
+        let n = r.data_members() as u64;
+        let k = if self.md_orig() { unit % n } else { off % n } as usize;
+        let cunit = r.cunit_start + off / n;
+        Piece {
+            lblk,
+            component: r.members()[k],
+            cblk: cunit * il + cboff + self.reserved_sectors(),
+            count: (il - cboff).min(remaining),
+            mirror: self.is_mirror().then(|| r.members()[k + r.data_members()]),
+        }
+    }
+}
+
+/// The pieces of one request, from [`Geometry::map`] or [`Geometry::map_ccd`].
+#[derive(Clone, Debug)]
+pub struct Pieces<'g> {
+    geometry: &'g Geometry,
+    next: u64,
+    end: u64,
+    row: usize,
+}
+
+impl Pieces<'_> {
+    /// Merges consecutive pieces that are contiguous on the same component (and mirror), so
+    /// a backend gets one I/O where ccd would issue several. Not what ccd does: use it where
+    /// fewer, larger component requests matter more than issuing exactly ccd's pieces.
+    ///
+    /// ```
+    /// use tagstripe_striping::Geometry;
+    /// let g = Geometry::builder([100, 400], 16).build()?;
+    /// let merged: Vec<_> = g.map(190, 60)?.merged().map(|p| (p.component, p.cblk, p.count)).collect();
+    /// assert_eq!(merged, [(1, 94, 60)]);
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    #[must_use]
+    pub fn merged(self) -> Merged<Self> {
+        Merged {
+            inner: self.peekable(),
+        }
+    }
+
+    /// Sectors not yet returned.
+    #[must_use]
+    pub fn remaining(&self) -> u64 {
+        self.end - self.next
+    }
+}
+
+impl Iterator for Pieces<'_> {
+    type Item = Piece;
+
+    #[inline]
+    fn next(&mut self) -> Option<Piece> {
+        if self.next >= self.end {
+            return None;
+        }
+        let rows = self.geometry.rows();
+        while self.row + 1 < rows.len() && rows[self.row].lblk_end() <= self.next {
+            self.row += 1;
+        }
+        let piece = self.geometry.piece(self.row, self.next, self.end - self.next);
+        self.next += piece.count;
+        Some(piece)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.end - self.next;
+        let il = self.geometry.interleave();
+        if left == 0 {
+            (0, Some(0))
+        } else if il == 0 {
+            (1, Some(self.geometry.components()))
+        } else {
+            let most = usize::try_from(left / il + 2).unwrap_or(usize::MAX);
+            (1, Some(most))
+        }
+    }
+}
+
+impl FusedIterator for Pieces<'_> {}
+
+/// An iterator adapter that merges pieces contiguous on one component; see
+/// [`Pieces::merged`].
+#[derive(Clone, Debug)]
+pub struct Merged<I: Iterator<Item = Piece>> {
+    inner: Peekable<I>,
+}
+
+impl<I: Iterator<Item = Piece>> Iterator for Merged<I> {
+    type Item = Piece;
+
+    fn next(&mut self) -> Option<Piece> {
+        let mut cur = self.inner.next()?;
+        while let Some(next) = self.inner.peek() {
+            let contiguous = next.component == cur.component
+                && next.mirror == cur.mirror
+                && next.lblk == cur.lblk_end()
+                && Some(next.cblk) == cur.cblk.checked_add(cur.count);
+            if !contiguous {
+                break;
+            }
+            cur.count += next.count;
+            self.inner.next();
+        }
+        Some(cur)
+    }
+}
