@@ -2,7 +2,7 @@
 
 use std::iter::{FusedIterator, Peekable};
 
-use crate::{Errno, Error, Flavor, Geometry};
+use crate::{Errno, Error, Flavor, Geometry, Side};
 
 /// One component I/O of a request: a run of sectors inside one interleave unit (or, when
 /// concatenated, inside one component).
@@ -25,6 +25,21 @@ impl Piece {
     #[must_use]
     pub fn lblk_end(&self) -> u64 {
         self.lblk + self.count
+    }
+
+    /// Where a write of this piece goes: its component, then the mirror partner if any
+    /// (ccd issues the primary first).
+    ///
+    /// ```
+    /// use tagstripe_striping::{Flavor, Geometry, Side};
+    /// let g = Geometry::builder([64; 4], 8).flavor(Flavor::FreeBsd).no_offset(true).mirror(true).build()?;
+    /// let p = g.map(8, 8)?.next().unwrap();
+    /// assert_eq!(p.write_targets().collect::<Vec<_>>(), [(Side::Primary, 1), (Side::Mirror, 3)]);
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    pub fn write_targets(&self) -> impl Iterator<Item = (Side, usize)> + use<> {
+        std::iter::once((Side::Primary, self.component))
+            .chain(self.mirror.map(|m| (Side::Mirror, m)))
     }
 }
 

@@ -1,0 +1,289 @@
+//! `tagstripe map`: a ccd geometry and the pieces of requests, as `ccdconfig -g` would show.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::{Value, json};
+use tagstripe_striping::{Error, Flavor, Geometry, MirrorReads, Piece, ReadBalancer, Side, Status};
+
+use crate::EXIT_USAGE;
+
+/// Arguments of `tagstripe map`.
+#[derive(Debug, Args)]
+pub(crate) struct MapArgs {
+    /// Raw component sizes in 512-byte sectors, comma-separated (e.g. 1000,2000,1500).
+    #[arg(long, value_parser = parse_sizes)]
+    sizes: Sizes,
+    /// Interleave in sectors; 0 concatenates.
+    #[arg(long, allow_negative_numbers = true)]
+    interleave: i64,
+    /// Whose rules to follow: netbsd, netbsd1997, freebsd, md-alt or md-orig.
+    #[arg(long, default_value = "netbsd", value_parser = parse_flavor)]
+    flavor: Flavor,
+    /// Every component contributes only as much as the smallest (CCDF_UNIFORM).
+    #[arg(long)]
+    uniform: bool,
+    /// Mirror the first half of the components onto the second.
+    #[arg(long)]
+    mirror: bool,
+    /// FreeBSD: do not reserve 16 sectors at the start of each component.
+    #[arg(long)]
+    no_offset: bool,
+    /// FreeBSD linux mode: interleave given in KiB (doubled), no reserved area.
+    #[arg(long)]
+    linux: bool,
+    /// Largest component sector size in bytes.
+    #[arg(long, default_value_t = 512)]
+    secsize: u32,
+    /// Override the reserved sectors at the start of each component (e.g. md data_offset).
+    #[arg(long)]
+    reserved: Option<u64>,
+    /// How mirror reads choose a side; default: the flavor's (dual-seek-zone on FreeBSD).
+    #[arg(long, value_parser = parse_mirror_reads)]
+    mirror_reads: Option<MirrorReads>,
+    /// Requests to map, each [r:|w:]START:COUNT in sectors (reads if no prefix).
+    #[arg(long = "request", num_args = 1.., value_parser = parse_request)]
+    requests: Vec<Request>,
+    /// Print JSON (the contract of DESIGN.md §4) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Sizes(Vec<u64>);
+
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    write: bool,
+    start: u64,
+    count: u64,
+}
+
+fn parse_sizes(s: &str) -> Result<Sizes, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u64>()
+                .map_err(|e| format!("size {p:?} is not a sector count: {e}"))
+        })
+        .collect::<Result<_, _>>()
+        .map(Sizes)
+}
+
+fn parse_flavor(s: &str) -> Result<Flavor, String> {
+    s.parse().map_err(|e: Error| e.to_string())
+}
+
+fn parse_mirror_reads(s: &str) -> Result<MirrorReads, String> {
+    match s {
+        "primary" => Ok(MirrorReads::Primary),
+        "dual-seek-zone" => Ok(MirrorReads::DualSeekZone),
+        _ => Err(format!("{s:?}: expected primary or dual-seek-zone")),
+    }
+}
+
+fn parse_request(s: &str) -> Result<Request, String> {
+    let (write, rest) = match s.split_once(':') {
+        Some(("r", rest)) => (false, rest),
+        Some(("w", rest)) => (true, rest),
+        _ => (false, s),
+    };
+    let (start, count) = rest
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected [r:|w:]START:COUNT"))?;
+    let num = |what: &str, v: &str| {
+        v.parse::<u64>()
+            .map_err(|e| format!("{s:?}: {what} {v:?} is not a sector number: {e}"))
+    };
+    Ok(Request {
+        write,
+        start: num("start", start)?,
+        count: num("count", count)?,
+    })
+}
+
+pub(crate) fn run(args: &MapArgs) -> ExitCode {
+    let geometry = match build(args) {
+        Ok(g) => g,
+        Err(e) => {
+            if args.json {
+                let out = json!({"error": {"kind": e.kind(), "errno": e.errno().as_str(), "message": e.to_string()}});
+                println!("{out}");
+            } else {
+                eprintln!("tagstripe map: ccd would refuse this geometry: {e} ({})", e.errno());
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let policy = args
+        .mirror_reads
+        .unwrap_or_else(|| geometry.default_mirror_reads());
+    let mut reads = ReadBalancer::new(&geometry, policy);
+    let results: Vec<Mapped> = args
+        .requests
+        .iter()
+        .map(|r| Mapped::new(&geometry, *r, &mut reads))
+        .collect();
+    if args.json {
+        println!("{}", to_json(&geometry, &results));
+    } else {
+        print!("{}", render(&geometry, &results));
+    }
+    ExitCode::SUCCESS
+}
+
+fn build(args: &MapArgs) -> Result<Geometry, Error> {
+    let interleave = u64::try_from(args.interleave).map_err(|_| Error::NegativeInterleave {
+        interleave: args.interleave,
+    })?;
+    let mut b = Geometry::builder(args.sizes.0.clone(), interleave);
+    b.flavor(args.flavor)
+        .uniform(args.uniform)
+        .mirror(args.mirror)
+        .no_offset(args.no_offset)
+        .linux(args.linux)
+        .sector_size(args.secsize);
+    if let Some(r) = args.reserved {
+        b.reserved(r);
+    }
+    b.build()
+}
+
+/// One request's outcome: ccd's status, the pieces, and the component I/O in issue order.
+struct Mapped {
+    req: Request,
+    status: Status,
+    pieces: Vec<Piece>,
+    issued: Vec<(Piece, Side, usize)>,
+}
+
+impl Mapped {
+    fn new(g: &Geometry, req: Request, reads: &mut ReadBalancer) -> Self {
+        let (status, pieces) = g.map_ccd(req.start, req.count);
+        let pieces: Vec<Piece> = pieces.collect();
+        let mut issued = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            if req.write {
+                issued.extend(p.write_targets().map(|(side, comp)| (*p, side, comp)));
+            } else {
+                let (side, comp) = reads.choose(p);
+                issued.push((*p, side, comp));
+            }
+        }
+        Self {
+            req,
+            status,
+            pieces,
+            issued,
+        }
+    }
+
+    fn op(&self) -> &'static str {
+        if self.req.write { "w" } else { "r" }
+    }
+}
+
+fn to_json(g: &Geometry, results: &[Mapped]) -> Value {
+    let table: Vec<Value> = g
+        .rows()
+        .iter()
+        .map(|r| {
+            json!({
+                "ndisk": r.ndisk(),
+                "index": r.members(),
+                "lblk_start": r.lblk_start(),
+                "cblk_start": r.cblk_start(),
+                "lblk_span": r.lblk_span(),
+            })
+        })
+        .collect();
+    let requests: Vec<Value> = results
+        .iter()
+        .map(|m| {
+            let pieces: Vec<Value> = m
+                .pieces
+                .iter()
+                .map(|p| {
+                    let mut v = json!({"lblk": p.lblk, "comp": p.component, "cblk": p.cblk, "count": p.count});
+                    if let Some(mc) = p.mirror {
+                        v["mirror_comp"] = json!(mc);
+                    }
+                    v
+                })
+                .collect();
+            let issued: Vec<Value> = m
+                .issued
+                .iter()
+                .map(|(p, side, comp)| {
+                    let mut v = json!({"lblk": p.lblk, "comp": comp, "cblk": p.cblk, "count": p.count});
+                    if p.mirror.is_some() {
+                        v["side"] = json!(side.name());
+                    }
+                    v
+                })
+                .collect();
+            let mut v = json!({
+                "op": m.op(),
+                "start": m.req.start,
+                "count": m.req.count,
+                "status": m.status.name(),
+                "effective_count": m.pieces.iter().map(|p| p.count).sum::<u64>(),
+                "pieces": pieces,
+                "issued": issued,
+            });
+            if let Status::Error(errno) = m.status {
+                v["errno"] = json!(errno.as_str());
+            }
+            v
+        })
+        .collect();
+    json!({
+        "flavor": g.flavor().name(),
+        "interleave": g.interleave(),
+        "uniform": g.is_uniform(),
+        "mirror": g.is_mirror(),
+        "notes": g.notes().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "total_sectors": g.total_sectors(),
+        "component_sizes": g.component_sizes(),
+        "reserved_offset": g.reserved_sectors(),
+        "table": table,
+        "requests": requests,
+    })
+}
+
+fn render(g: &Geometry, results: &[Mapped]) -> String {
+    use std::fmt::Write as _;
+    let mut out = g.to_string();
+    for m in results {
+        let _ = write!(
+            out,
+            "\nrequest {}:{}:{}  {}",
+            m.op(),
+            m.req.start,
+            m.req.count,
+            m.status.name()
+        );
+        if let Status::Error(errno) = m.status {
+            let _ = write!(out, " ({errno})");
+        }
+        let _ = writeln!(out);
+        if m.issued.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {:>14} {:>6} {:>14} {:>10}  side",
+            "lblk", "comp", "cblk", "count"
+        );
+        for (p, side, comp) in &m.issued {
+            let side = if p.mirror.is_some() { side.name() } else { "-" };
+            let _ = writeln!(
+                out,
+                "  {:>14} {:>6} {:>14} {:>10}  {side}",
+                p.lblk, comp, p.cblk, p.count
+            );
+        }
+    }
+    out
+}
