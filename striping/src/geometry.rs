@@ -133,12 +133,14 @@ pub struct Row {
 
 impl Row {
     /// First logical (volume) sector of the row.
+    #[inline]
     #[must_use]
     pub fn lblk_start(&self) -> u64 {
         self.lblk_start
     }
 
     /// First component sector of the row, not counting the reserved area.
+    #[inline]
     #[must_use]
     pub fn cblk_start(&self) -> u64 {
         self.cblk_start
@@ -152,12 +154,14 @@ impl Row {
     }
 
     /// One past the last logical sector the row holds.
+    #[inline]
     #[must_use]
     pub fn lblk_end(&self) -> u64 {
         self.lblk_end
     }
 
     /// The components in the row, in component order (ccd's `ii_index`).
+    #[inline]
     #[must_use]
     pub fn members(&self) -> &[usize] {
         &self.members
@@ -170,6 +174,7 @@ impl Row {
     }
 
     /// How many of them hold data (half of them for a mirror).
+    #[inline]
     #[must_use]
     pub fn data_members(&self) -> usize {
         self.data
@@ -558,6 +563,7 @@ impl Geometry {
     }
 
     /// The volume size in sectors.
+    #[inline]
     #[must_use]
     pub fn total_sectors(&self) -> u64 {
         self.total
@@ -582,6 +588,7 @@ impl Geometry {
     }
 
     /// The effective interleave in sectors (doubled in FreeBSD `linux` mode); 0 = concatenated.
+    #[inline]
     #[must_use]
     pub fn interleave(&self) -> u64 {
         self.interleave
@@ -606,12 +613,14 @@ impl Geometry {
     }
 
     /// Whether the second half of the components mirrors the first.
+    #[inline]
     #[must_use]
     pub fn is_mirror(&self) -> bool {
         self.mirror
     }
 
     /// Sectors skipped at the start of every component.
+    #[inline]
     #[must_use]
     pub fn reserved_sectors(&self) -> u64 {
         self.reserved
@@ -634,6 +643,7 @@ impl Geometry {
     }
 
     /// The interleave table, rows in ascending order.
+    #[inline]
     #[must_use]
     pub fn rows(&self) -> &[Row] {
         &self.rows

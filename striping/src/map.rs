@@ -2,6 +2,7 @@
 
 use std::iter::{FusedIterator, Peekable};
 
+use crate::geometry::Fast;
 use crate::{Errno, Error, Flavor, Geometry, Side};
 
 /// One component I/O of a request: a run of sectors inside one interleave unit (or, when
@@ -92,6 +93,7 @@ impl Geometry {
     /// # Errors
     /// [`Error::RequestOverflow`] if `start + count` overflows, [`Error::PastEnd`] if the
     /// request reaches past the end of the volume. Nothing is mapped in either case.
+    #[inline]
     pub fn map(&self, start: u64, count: u64) -> Result<Pieces<'_>, Error> {
         let end = start
             .checked_add(count)
@@ -159,6 +161,7 @@ impl Geometry {
     }
 
     /// Pieces of `[start, end)`, which the caller has bounds-checked.
+    #[inline]
     fn pieces(&self, start: u64, end: u64) -> Pieces<'_> {
         let row = if start >= end || self.rows().len() == 1 {
             0
@@ -175,25 +178,28 @@ impl Geometry {
         }
     }
 
+    /// The O(1) path: one row holding every component in order, with a power-of-two
+    /// interleave and member count, so lookup is shifts and masks.
+    #[inline(always)]
+    fn fast_piece(&self, fast: Fast, lblk: u64, remaining: u64) -> Piece {
+        let il = 1u64 << fast.il_shift;
+        let unit = lblk >> fast.il_shift;
+        let cboff = lblk & (il - 1);
+        let k = (unit & ((1u64 << fast.n_shift) - 1)) as usize;
+        let cunit = unit >> fast.n_shift;
+        Piece {
+            lblk,
+            component: k,
+            cblk: (cunit << fast.il_shift) + cboff + self.reserved_sectors(),
+            count: (il - cboff).min(remaining),
+            mirror: self.is_mirror().then_some(k + (1usize << fast.n_shift)),
+        }
+    }
+
     /// The piece starting at `lblk` in row `row`, at most `remaining` long.
     #[inline]
     fn piece(&self, row: usize, lblk: u64, remaining: u64) -> Piece {
         let il = self.interleave();
-        if let Some(fast) = self.fast {
-            // One row holding every component in order, power-of-two interleave and count.
-            let unit = lblk >> fast.il_shift;
-            let cboff = lblk & (il - 1);
-            let k = unit & ((1u64 << fast.n_shift) - 1);
-            let cunit = unit >> fast.n_shift;
-            let data = 1usize << fast.n_shift;
-            return Piece {
-                lblk,
-                component: k as usize,
-                cblk: (cunit << fast.il_shift) + cboff + self.reserved_sectors(),
-                count: (il - cboff).min(remaining),
-                mirror: self.is_mirror().then_some(k as usize + data),
-            };
-        }
         let r = &self.rows()[row];
         if il == 0 {
             return Piece {
@@ -263,7 +269,13 @@ impl Iterator for Pieces<'_> {
         if self.next >= self.end {
             return None;
         }
-        let rows = self.geometry.rows();
+        let g = self.geometry;
+        if let Some(fast) = g.fast {
+            let piece = g.fast_piece(fast, self.next, self.end - self.next);
+            self.next += piece.count;
+            return Some(piece);
+        }
+        let rows = g.rows();
         while self.row + 1 < rows.len() && rows[self.row].lblk_end() <= self.next {
             self.row += 1;
         }
