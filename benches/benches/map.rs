@@ -25,16 +25,28 @@ fn starts(total: u64, count: u64) -> Vec<u64> {
 fn bench_map(c: &mut Criterion) {
     let gib = 2 * 1024 * 1024; // sectors in 1 GiB
     let cases: Vec<(&str, Geometry)> = vec![
-        ("1x-equal-il128", Geometry::builder([gib], 128).build().unwrap()),
-        ("2x-equal-il128", Geometry::builder([gib; 2], 128).build().unwrap()),
-        ("4x-equal-il128", Geometry::builder([gib; 4], 128).build().unwrap()),
+        (
+            "1x-equal-il128",
+            Geometry::builder([gib], 128).build().unwrap(),
+        ),
+        (
+            "2x-equal-il128",
+            Geometry::builder([gib; 2], 128).build().unwrap(),
+        ),
+        (
+            "4x-equal-il128",
+            Geometry::builder([gib; 4], 128).build().unwrap(),
+        ),
         (
             "5x-unequal-il128",
             Geometry::builder([gib, 2 * gib, 3 * gib / 2, gib / 2, 5 * gib / 4], 128)
                 .build()
                 .unwrap(),
         ),
-        ("3x-equal-il13", Geometry::builder([gib; 3], 13).build().unwrap()),
+        (
+            "3x-equal-il13",
+            Geometry::builder([gib; 3], 13).build().unwrap(),
+        ),
     ];
     let mut group = c.benchmark_group("map");
     group.throughput(Throughput::Elements(1));

@@ -111,7 +111,10 @@ pub(crate) fn run(args: &MapArgs) -> ExitCode {
                 let out = json!({"error": {"kind": e.kind(), "errno": e.errno().as_str(), "message": e.to_string()}});
                 println!("{out}");
             } else {
-                eprintln!("tagstripe map: ccd would refuse this geometry: {e} ({})", e.errno());
+                eprintln!(
+                    "tagstripe map: ccd would refuse this geometry: {e} ({})",
+                    e.errno()
+                );
             }
             return ExitCode::from(EXIT_USAGE);
         }

@@ -12,7 +12,12 @@ fn tagstripe(args: &[String]) -> Output {
 }
 
 fn args_for(input: &Value) -> Vec<String> {
-    let sizes: Vec<String> = input["sizes"].as_array().unwrap().iter().map(ToString::to_string).collect();
+    let sizes: Vec<String> = input["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let mut a = vec![
         "map".to_owned(),
         "--json".to_owned(),
@@ -28,7 +33,12 @@ fn args_for(input: &Value) -> Vec<String> {
     }
     a.push("--request".to_owned());
     for r in input["requests"].as_array().unwrap() {
-        a.push(format!("{}:{}:{}", r["op"].as_str().unwrap(), r["start"], r["count"]));
+        a.push(format!(
+            "{}:{}:{}",
+            r["op"].as_str().unwrap(),
+            r["start"],
+            r["count"]
+        ));
     }
     a
 }
@@ -67,10 +77,16 @@ fn expected_json(exp: &Value) -> Value {
 #[test]
 fn map_json_reproduces_all_reference_cases() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../striping/tests/vectors");
-    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
     let (mut n, mut failures) = (0, Vec::new());
-    for f in files.iter().filter(|p| p.extension().is_some_and(|e| e == "jsonl")) {
+    for f in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+    {
         for (i, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
             n += 1;
             let case: Value = serde_json::from_str(line).unwrap();
@@ -80,7 +96,10 @@ fn map_json_reproduces_all_reference_cases() {
             let exp = &case["expected"];
             if !exp["ok"].as_bool().unwrap() {
                 if out.status.code() != Some(2) || got["error"]["errno"] != exp["errno"] {
-                    failures.push(format!("{name}: expected refusal {}, got {got}", exp["errno"]));
+                    failures.push(format!(
+                        "{name}: expected refusal {}, got {got}",
+                        exp["errno"]
+                    ));
                 }
                 continue;
             }
@@ -97,17 +116,54 @@ fn map_json_reproduces_all_reference_cases() {
         }
     }
     assert_eq!(n, 329);
-    assert!(failures.is_empty(), "{} cases differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn bad_flags_exit_2_with_a_message() {
     for bad in [
         vec!["map", "--sizes", "100,x", "--interleave", "1"],
-        vec!["map", "--sizes", "100", "--interleave", "1", "--flavor", "sunos"],
-        vec!["map", "--sizes", "100", "--interleave", "1", "--request", "q:1:2"],
-        vec!["map", "--sizes", "100", "--interleave", "1", "--request", "1:-2"],
-        vec!["map", "--sizes", "100", "--interleave", "1", "--request", "99999999999999999999:1"],
+        vec![
+            "map",
+            "--sizes",
+            "100",
+            "--interleave",
+            "1",
+            "--flavor",
+            "sunos",
+        ],
+        vec![
+            "map",
+            "--sizes",
+            "100",
+            "--interleave",
+            "1",
+            "--request",
+            "q:1:2",
+        ],
+        vec![
+            "map",
+            "--sizes",
+            "100",
+            "--interleave",
+            "1",
+            "--request",
+            "1:-2",
+        ],
+        vec![
+            "map",
+            "--sizes",
+            "100",
+            "--interleave",
+            "1",
+            "--request",
+            "99999999999999999999:1",
+        ],
         vec!["map", "--interleave", "1"],
         vec!["map", "--sizes", "100", "--interleave", "1", "--bogus"],
     ] {
@@ -119,20 +175,51 @@ fn bad_flags_exit_2_with_a_message() {
 
 #[test]
 fn refused_geometry_exits_2_with_error_json() {
-    let out = tagstripe(&["map", "--json", "--sizes", "1000,15,1000", "--interleave", "16"].map(String::from));
+    let out = tagstripe(
+        &[
+            "map",
+            "--json",
+            "--sizes",
+            "1000,15,1000",
+            "--interleave",
+            "16",
+        ]
+        .map(String::from),
+    );
     assert_eq!(out.status.code(), Some(2));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["error"]["kind"], "component_smaller_than_interleave");
     assert_eq!(v["error"]["errno"], "ENODEV");
-    assert_eq!(v["error"]["message"], "component 1 is smaller than the interleave");
+    assert_eq!(
+        v["error"]["message"],
+        "component 1 is smaller than the interleave"
+    );
 }
 
 #[test]
 fn readable_view_shows_table_and_pieces() {
-    let out = tagstripe(&["map", "--sizes", "1000,2000,1500", "--interleave", "16", "--request", "w:4470:20"].map(String::from));
+    let out = tagstripe(
+        &[
+            "map",
+            "--sizes",
+            "1000,2000,1500",
+            "--interleave",
+            "16",
+            "--request",
+            "w:4470:20",
+        ]
+        .map(String::from),
+    );
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("netbsd, interleave 16, 3 components, 4480 sectors"), "{text}");
+    assert!(
+        text.contains("netbsd, interleave 16, 3 components, 4480 sectors"),
+        "{text}"
+    );
     assert!(text.contains("request w:4470:20  truncated"), "{text}");
-    assert!(text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["4470", "1", "1990", "10", "-"]), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["4470", "1", "1990", "10", "-"]),
+        "{text}"
+    );
 }

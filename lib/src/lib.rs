@@ -17,3 +17,8 @@
 pub use tagstripe_quirks as quirks;
 pub use tagstripe_scheduler as scheduler;
 pub use tagstripe_striping as striping;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -77,9 +77,7 @@ impl std::str::FromStr for Flavor {
             "md" | "md-alt" => Self::Md(MdLayout::Alt),
             "md-orig" => Self::Md(MdLayout::Orig),
             _ => {
-                return Err(Error::UnknownFlavor {
-                    name: s.to_owned(),
-                });
+                return Err(Error::UnknownFlavor { name: s.to_owned() });
             }
         })
     }
@@ -317,9 +315,9 @@ impl GeometryBuilder {
             }
         }
         if self.linux {
-            interleave = interleave.checked_mul(2).ok_or(Error::Overflow {
-                what: "interleave",
-            })?;
+            interleave = interleave
+                .checked_mul(2)
+                .ok_or(Error::Overflow { what: "interleave" })?;
             notes.push(Note::LinuxInterleaveDoubled { interleave });
         }
         let reserved = self.reserved.unwrap_or(match flavor {

@@ -279,21 +279,22 @@ impl Iterator for Pieces<'_> {
         while self.row + 1 < rows.len() && rows[self.row].lblk_end() <= self.next {
             self.row += 1;
         }
-        let piece = self.geometry.piece(self.row, self.next, self.end - self.next);
+        let piece = self
+            .geometry
+            .piece(self.row, self.next, self.end - self.next);
         self.next += piece.count;
         Some(piece)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         let left = self.end - self.next;
-        let il = self.geometry.interleave();
         if left == 0 {
-            (0, Some(0))
-        } else if il == 0 {
-            (1, Some(self.geometry.components()))
-        } else {
-            let most = usize::try_from(left / il + 2).unwrap_or(usize::MAX);
-            (1, Some(most))
+            return (0, Some(0));
+        }
+        match left.checked_div(self.geometry.interleave()) {
+            // Concatenated: at most one piece per component.
+            None => (1, Some(self.geometry.components())),
+            Some(units) => (1, usize::try_from(units.saturating_add(2)).ok()),
         }
     }
 }

@@ -32,7 +32,11 @@ impl fmt::Display for Geometry {
         for note in self.notes() {
             writeln!(f, "note: {note}")?;
         }
-        writeln!(f, "{:>6} {:>14} {:>10} {:>14}", "comp", "raw", "reserved", "effective")?;
+        writeln!(
+            f,
+            "{:>6} {:>14} {:>10} {:>14}",
+            "comp", "raw", "reserved", "effective"
+        )?;
         for (i, (raw, eff)) in self
             .raw_sizes()
             .iter()

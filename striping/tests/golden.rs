@@ -8,7 +8,11 @@ use tagstripe_striping::Geometry;
 
 fn render(command: &str) -> String {
     let mut words = command.split_whitespace();
-    assert_eq!(words.next(), Some("geometry"), "unknown command {command:?}");
+    assert_eq!(
+        words.next(),
+        Some("geometry"),
+        "unknown command {command:?}"
+    );
     let mut sizes = Vec::new();
     let mut il = 0;
     let mut b_flags = Vec::new();
@@ -50,7 +54,9 @@ fn rendered_tables_match_golden_file() {
         let expected = expected.strip_prefix('\n').unwrap_or(expected);
         let got = render(command.trim());
         if got.trim_end() != expected.trim_end() {
-            mismatches.push(format!("{command}\n--- expected\n{expected}\n--- got\n{got}"));
+            mismatches.push(format!(
+                "{command}\n--- expected\n{expected}\n--- got\n{got}"
+            ));
         }
         out.push_str(&format!("{}\n----\n{}\n\n", command.trim(), got.trim_end()));
     }

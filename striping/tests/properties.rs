@@ -17,7 +17,13 @@ fn flavor() -> impl Strategy<Value = Flavor> {
 
 /// Small geometries, so every sector can be checked.
 fn small_geometry() -> impl Strategy<Value = Geometry> {
-    geometry_with(prop_oneof![Just(0u64), 1u64..40, Just(8), Just(16), Just(32)])
+    geometry_with(prop_oneof![
+        Just(0u64),
+        1u64..40,
+        Just(8),
+        Just(16),
+        Just(32)
+    ])
 }
 
 fn geometry_with(interleave: impl Strategy<Value = u64>) -> impl Strategy<Value = Geometry> {
@@ -28,17 +34,20 @@ fn geometry_with(interleave: impl Strategy<Value = u64>) -> impl Strategy<Value 
         any::<[bool; 4]>(),
         prop_oneof![Just(512u32), Just(1024), Just(4096)],
     )
-        .prop_filter_map("configuration refused", |(sizes, il, flavor, f, secsize)| {
-            Geometry::builder(sizes, il)
-                .flavor(flavor)
-                .uniform(f[0])
-                .mirror(f[1])
-                .no_offset(f[2])
-                .linux(f[3] && flavor == Flavor::FreeBsd)
-                .sector_size(secsize)
-                .build()
-                .ok()
-        })
+        .prop_filter_map(
+            "configuration refused",
+            |(sizes, il, flavor, f, secsize)| {
+                Geometry::builder(sizes, il)
+                    .flavor(flavor)
+                    .uniform(f[0])
+                    .mirror(f[1])
+                    .no_offset(f[2])
+                    .linux(f[3] && flavor == Flavor::FreeBsd)
+                    .sector_size(secsize)
+                    .build()
+                    .ok()
+            },
+        )
 }
 
 /// The round-robin model of striping.md §2: interleave units are handed out one per
@@ -70,9 +79,17 @@ fn check_piece_bounds(g: &Geometry, p: &Piece) -> Result<(), TestCaseError> {
     let size = g.component_sizes()[p.component];
     let lo = g.reserved_sectors();
     prop_assert!(p.count > 0);
-    prop_assert!(p.cblk >= lo && p.cblk + p.count <= lo + size, "piece {:?} off component", p);
-    if il > 0 {
-        prop_assert_eq!(p.lblk / il, (p.lblk_end() - 1) / il, "piece crosses an interleave unit");
+    prop_assert!(
+        p.cblk >= lo && p.cblk + p.count <= lo + size,
+        "piece {:?} off component",
+        p
+    );
+    if let Some(unit) = p.lblk.checked_div(il) {
+        prop_assert_eq!(
+            unit,
+            (p.lblk_end() - 1) / il,
+            "piece crosses an interleave unit"
+        );
         prop_assert_eq!((p.cblk - lo) % il, p.lblk % il);
     }
     if g.is_mirror() {
@@ -210,13 +227,23 @@ proptest! {
 fn md_orig_differs_from_alt_in_second_zone() {
     // Sizes 1, 2, 2 chunks; logical chunk 3 is on device 1 (ALT) but device 2 (ORIG).
     let chunk = 8;
-    let alt = Geometry::builder([8, 16, 16], chunk).flavor(Flavor::Md(MdLayout::Alt)).build().unwrap();
-    let orig = Geometry::builder([8, 16, 16], chunk).flavor(Flavor::Md(MdLayout::Orig)).build().unwrap();
+    let alt = Geometry::builder([8, 16, 16], chunk)
+        .flavor(Flavor::Md(MdLayout::Alt))
+        .build()
+        .unwrap();
+    let orig = Geometry::builder([8, 16, 16], chunk)
+        .flavor(Flavor::Md(MdLayout::Orig))
+        .build()
+        .unwrap();
     assert_eq!(alt.locate(3 * chunk).unwrap().component, 1);
     assert_eq!(orig.locate(3 * chunk).unwrap().component, 2);
     let ccd = Geometry::builder([8, 16, 16], chunk).build().unwrap();
     for lblk in 0..ccd.total_sectors() {
-        assert_eq!(alt.locate(lblk), ccd.locate(lblk), "md ALT must equal ccd at {lblk}");
+        assert_eq!(
+            alt.locate(lblk),
+            ccd.locate(lblk),
+            "md ALT must equal ccd at {lblk}"
+        );
     }
 }
 
@@ -224,37 +251,135 @@ fn md_orig_differs_from_alt_in_second_zone() {
 #[test]
 fn ccdvar_header_example() {
     let g = Geometry::builder([5, 3, 7], 1).build().unwrap();
-    let rows: Vec<_> = g.rows().iter().map(|r| (r.ndisk(), r.lblk_start(), r.cblk_start(), r.members().to_vec())).collect();
-    assert_eq!(rows, vec![(3, 0, 0, vec![0, 1, 2]), (2, 9, 3, vec![0, 2]), (1, 13, 5, vec![2])]);
+    let rows: Vec<_> = g
+        .rows()
+        .iter()
+        .map(|r| {
+            (
+                r.ndisk(),
+                r.lblk_start(),
+                r.cblk_start(),
+                r.members().to_vec(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (3, 0, 0, vec![0, 1, 2]),
+            (2, 9, 3, vec![0, 2]),
+            (1, 13, 5, vec![2])
+        ]
+    );
 }
 
 #[test]
 fn fast_path_only_for_one_power_of_two_row() {
-    assert!(Geometry::builder([1024; 4], 16).build().unwrap().has_fast_path());
-    assert!(!Geometry::builder([1024; 3], 16).build().unwrap().has_fast_path());
-    assert!(!Geometry::builder([1024, 2048], 16).build().unwrap().has_fast_path());
-    assert!(!Geometry::builder([1024; 4], 12).build().unwrap().has_fast_path());
-    assert!(!Geometry::builder([1024; 4], 0).build().unwrap().has_fast_path());
+    assert!(
+        Geometry::builder([1024; 4], 16)
+            .build()
+            .unwrap()
+            .has_fast_path()
+    );
+    assert!(
+        !Geometry::builder([1024; 3], 16)
+            .build()
+            .unwrap()
+            .has_fast_path()
+    );
+    assert!(
+        !Geometry::builder([1024, 2048], 16)
+            .build()
+            .unwrap()
+            .has_fast_path()
+    );
+    assert!(
+        !Geometry::builder([1024; 4], 12)
+            .build()
+            .unwrap()
+            .has_fast_path()
+    );
+    assert!(
+        !Geometry::builder([1024; 4], 0)
+            .build()
+            .unwrap()
+            .has_fast_path()
+    );
 }
 
 #[test]
 fn refusals_name_the_component() {
     let err = Geometry::builder([1000, 15, 1000], 16).build().unwrap_err();
-    assert_eq!(err, Error::ComponentSmallerThanInterleave { component: 1, sectors: 15, interleave: 16 });
-    assert_eq!(err.to_string(), "component 1 is smaller than the interleave");
-    let err = Geometry::builder([1000, 16], 0).flavor(Flavor::FreeBsd).build().unwrap_err();
-    assert_eq!(err, Error::ComponentEmpty { component: 1, raw_sectors: 16, reserved: 16 });
-    let err = Geometry::builder([u64::MAX, u64::MAX], 1).build().unwrap_err();
-    assert_eq!(err, Error::Overflow { what: "volume size" });
-    let err = Geometry::builder([100; 3], 16).flavor(Flavor::FreeBsd).mirror(true).build().unwrap_err();
+    assert_eq!(
+        err,
+        Error::ComponentSmallerThanInterleave {
+            component: 1,
+            sectors: 15,
+            interleave: 16
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "component 1 is smaller than the interleave"
+    );
+    let err = Geometry::builder([1000, 16], 0)
+        .flavor(Flavor::FreeBsd)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::ComponentEmpty {
+            component: 1,
+            raw_sectors: 16,
+            reserved: 16
+        }
+    );
+    let err = Geometry::builder([u64::MAX, u64::MAX], 1)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::Overflow {
+            what: "volume size"
+        }
+    );
+    let err = Geometry::builder([100; 3], 16)
+        .flavor(Flavor::FreeBsd)
+        .mirror(true)
+        .build()
+        .unwrap_err();
     assert_eq!(err, Error::MirrorOddCount { count: 3 });
-    let err = Geometry::builder([100; 2], 16).mirror(true).build().unwrap_err();
-    assert_eq!(err, Error::MirrorUnsupported { flavor: Flavor::NetBsd });
-    let err = Geometry::builder([100; 2], 0).flavor(Flavor::Md(MdLayout::Alt)).build().unwrap_err();
+    let err = Geometry::builder([100; 2], 16)
+        .mirror(true)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::MirrorUnsupported {
+            flavor: Flavor::NetBsd
+        }
+    );
+    let err = Geometry::builder([100; 2], 0)
+        .flavor(Flavor::Md(MdLayout::Alt))
+        .build()
+        .unwrap_err();
     assert_eq!(err, Error::ChunkRequired);
-    let err = Geometry::builder([1000; 2], 12).flavor(Flavor::Md(MdLayout::Alt)).sector_size(4096).build().unwrap_err();
-    assert_eq!(err, Error::ChunkNotBlockMultiple { interleave: 12, sector_size: 4096 });
-    assert_eq!("sun".parse::<Flavor>().unwrap_err(), Error::UnknownFlavor { name: "sun".into() });
+    let err = Geometry::builder([1000; 2], 12)
+        .flavor(Flavor::Md(MdLayout::Alt))
+        .sector_size(4096)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::ChunkNotBlockMultiple {
+            interleave: 12,
+            sector_size: 4096
+        }
+    );
+    assert_eq!(
+        "sun".parse::<Flavor>().unwrap_err(),
+        Error::UnknownFlavor { name: "sun".into() }
+    );
 }
 
 #[test]
@@ -264,5 +389,9 @@ fn huge_components_map_without_overflow() {
     let end = g.total_sectors();
     let pieces: Vec<_> = g.map(end - 3, 3).unwrap().collect();
     assert_eq!(pieces.iter().map(|p| p.count).sum::<u64>(), 3);
-    assert!(pieces.iter().all(|p| p.cblk + p.count <= g.component_sizes()[p.component]));
+    assert!(
+        pieces
+            .iter()
+            .all(|p| p.cblk + p.count <= g.component_sizes()[p.component])
+    );
 }

@@ -29,7 +29,8 @@ fn u(v: &Value) -> u64 {
 
 fn build(input: &Value) -> Result<Geometry, Error> {
     let ileave = input["ileave"].as_i64().expect("ileave");
-    let ileave = u64::try_from(ileave).map_err(|_| Error::NegativeInterleave { interleave: ileave })?;
+    let ileave =
+        u64::try_from(ileave).map_err(|_| Error::NegativeInterleave { interleave: ileave })?;
     let sizes: Vec<u64> = input["sizes"].as_array().unwrap().iter().map(u).collect();
     let flavor: Flavor = input["flavor"].as_str().unwrap().parse().unwrap();
     Geometry::builder(sizes, ileave)
@@ -52,7 +53,13 @@ fn all_reference_cases_match() {
             failures.push(format!("{name}: {why}"));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 fn check(case: &Value) -> Result<(), String> {
@@ -63,21 +70,65 @@ fn check(case: &Value) -> Result<(), String> {
         return match got {
             Ok(_) => Err(format!("accepted, expected {}", exp["message"])),
             Err(e) if e.errno().as_str() == exp["errno"].as_str().unwrap() => Ok(()),
-            Err(e) => Err(format!("refused with {e} ({}), expected {}", e.errno(), exp["errno"])),
+            Err(e) => Err(format!(
+                "refused with {e} ({}), expected {}",
+                e.errno(),
+                exp["errno"]
+            )),
         };
     }
     let g = got.map_err(|e| format!("refused: {e}"))?;
     let eff = &exp["effective"];
-    let sizes: Vec<u64> = eff["component_sizes"].as_array().unwrap().iter().map(u).collect();
-    let same = |what: &str, a: String, b: String| if a == b { Ok(()) } else { Err(format!("{what}: got {a}, expected {b}")) };
-    same("sizes", format!("{:?}", g.component_sizes()), format!("{sizes:?}"))?;
-    same("total", g.total_sectors().to_string(), eff["total_blocks"].to_string())?;
-    same("reserved", g.reserved_sectors().to_string(), eff["reserved_offset"].to_string())?;
-    same("ileave", g.interleave().to_string(), eff["ileave"].to_string())?;
-    same("uniform", g.is_uniform().to_string(), eff["uniform"].to_string())?;
-    same("mirror", g.is_mirror().to_string(), eff["mirror"].to_string())?;
+    let sizes: Vec<u64> = eff["component_sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(u)
+        .collect();
+    let same = |what: &str, a: String, b: String| {
+        if a == b {
+            Ok(())
+        } else {
+            Err(format!("{what}: got {a}, expected {b}"))
+        }
+    };
+    same(
+        "sizes",
+        format!("{:?}", g.component_sizes()),
+        format!("{sizes:?}"),
+    )?;
+    same(
+        "total",
+        g.total_sectors().to_string(),
+        eff["total_blocks"].to_string(),
+    )?;
+    same(
+        "reserved",
+        g.reserved_sectors().to_string(),
+        eff["reserved_offset"].to_string(),
+    )?;
+    same(
+        "ileave",
+        g.interleave().to_string(),
+        eff["ileave"].to_string(),
+    )?;
+    same(
+        "uniform",
+        g.is_uniform().to_string(),
+        eff["uniform"].to_string(),
+    )?;
+    same(
+        "mirror",
+        g.is_mirror().to_string(),
+        eff["mirror"].to_string(),
+    )?;
     let notes: Vec<String> = g.notes().iter().map(ToString::to_string).collect();
-    let exp_notes: Vec<String> = exp["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
+    let exp_notes: Vec<String> = exp["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect();
     same("notes", format!("{notes:?}"), format!("{exp_notes:?}"))?;
 
     let table = exp["table"].as_array().unwrap();
@@ -85,16 +136,36 @@ fn check(case: &Value) -> Result<(), String> {
     let il = g.interleave();
     for (row, t) in g.rows().iter().zip(table) {
         let members: Vec<u64> = row.members().iter().map(|&m| m as u64).collect();
-        let (startblk, startoff) = if il == 0 {
-            (row.lblk_start(), 0)
-        } else {
-            (row.lblk_start() / il, row.cblk_start() / il)
+        // ccd keeps these in interleave units; for a concatenation, in sectors.
+        let (startblk, startoff) = match (
+            row.lblk_start().checked_div(il),
+            row.cblk_start().checked_div(il),
+        ) {
+            (Some(unit), Some(cunit)) => (unit, cunit),
+            _ => (row.lblk_start(), 0),
         };
-        let got = (row.ndisk() as u64, startblk, startoff, members, row.lblk_start(), row.cblk_start(), row.lblk_span());
+        let got = (
+            row.ndisk() as u64,
+            startblk,
+            startoff,
+            members,
+            row.lblk_start(),
+            row.cblk_start(),
+            row.lblk_span(),
+        );
         let want = (
-            u(&t["ndisk"]), u(&t["startblk"]), u(&t["startoff"]),
-            t["index"].as_array().unwrap().iter().map(u).collect::<Vec<_>>(),
-            u(&t["lblk_start"]), u(&t["cblk_start"]), u(&t["lblk_span"]),
+            u(&t["ndisk"]),
+            u(&t["startblk"]),
+            u(&t["startoff"]),
+            t["index"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(u)
+                .collect::<Vec<_>>(),
+            u(&t["lblk_start"]),
+            u(&t["cblk_start"]),
+            u(&t["lblk_span"]),
         );
         same("row", format!("{got:?}"), format!("{want:?}"))?;
     }
@@ -105,7 +176,11 @@ fn check(case: &Value) -> Result<(), String> {
         let (status, pieces) = g.map_ccd(start, count);
         let pieces: Vec<_> = pieces.collect();
         let tag = format!("request {start}:{count}");
-        same(&tag, status.name().to_owned(), r["status"].as_str().unwrap().to_owned())?;
+        same(
+            &tag,
+            status.name().to_owned(),
+            r["status"].as_str().unwrap().to_owned(),
+        )?;
         if let Some(errno) = r.get("errno") {
             let got = match status {
                 tagstripe_striping::Status::Error(e) => e.as_str(),
@@ -114,9 +189,37 @@ fn check(case: &Value) -> Result<(), String> {
             same(&tag, got.to_owned(), errno.as_str().unwrap().to_owned())?;
         }
         let effective: u64 = pieces.iter().map(|p| p.count).sum();
-        same(&tag, effective.to_string(), r["effective_count"].to_string())?;
-        let got: Vec<_> = pieces.iter().map(|p| (p.lblk, p.component as u64, p.cblk, p.count, p.mirror.map(|m| m as u64))).collect();
-        let want: Vec<_> = r["pieces"].as_array().unwrap().iter().map(|p| (u(&p["lblk"]), u(&p["comp"]), u(&p["cblk"]), u(&p["count"]), p.get("mirror_comp").map(u))).collect();
+        same(
+            &tag,
+            effective.to_string(),
+            r["effective_count"].to_string(),
+        )?;
+        let got: Vec<_> = pieces
+            .iter()
+            .map(|p| {
+                (
+                    p.lblk,
+                    p.component as u64,
+                    p.cblk,
+                    p.count,
+                    p.mirror.map(|m| m as u64),
+                )
+            })
+            .collect();
+        let want: Vec<_> = r["pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    u(&p["lblk"]),
+                    u(&p["comp"]),
+                    u(&p["cblk"]),
+                    u(&p["count"]),
+                    p.get("mirror_comp").map(u),
+                )
+            })
+            .collect();
         same(&tag, format!("{got:?}"), format!("{want:?}"))?;
 
         let mut issued = Vec::new();
@@ -130,8 +233,24 @@ fn check(case: &Value) -> Result<(), String> {
                 issued.push((comp as u64, p.cblk, p.count, p.mirror.map(|_| side.name())));
             }
         }
-        let want: Vec<_> = r["issued"].as_array().unwrap().iter().map(|p| (u(&p["comp"]), u(&p["cblk"]), u(&p["count"]), p.get("side").map(|s| s.as_str().unwrap()))).collect();
-        same(&format!("{tag} issued"), format!("{issued:?}"), format!("{want:?}"))?;
+        let want: Vec<_> = r["issued"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    u(&p["comp"]),
+                    u(&p["cblk"]),
+                    u(&p["count"]),
+                    p.get("side").map(|s| s.as_str().unwrap()),
+                )
+            })
+            .collect();
+        same(
+            &format!("{tag} issued"),
+            format!("{issued:?}"),
+            format!("{want:?}"),
+        )?;
     }
     Ok(())
 }
