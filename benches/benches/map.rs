@@ -5,7 +5,10 @@
 
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use tagstripe_striping::Geometry;
 
 /// Deterministic pseudo-random request starts inside the volume, so lookups are not all in
@@ -50,31 +53,32 @@ fn bench_map(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("map");
     group.throughput(Throughput::Elements(1));
+    // A 4 KiB request: one piece, the common case.
     for (name, g) in &cases {
-        // An 8-sector (4 KiB) request: one piece, the common case.
-        let s = starts(g.total_sectors(), 8);
-        let mut i = 0usize;
-        group.bench_with_input(BenchmarkId::new("4k", name), g, |b, g| {
-            b.iter(|| {
-                i = (i + 1) & 1023;
-                let pieces = g.map(black_box(s[i]), 8).unwrap();
-                pieces.fold(0u64, |acc, p| acc ^ p.cblk ^ p.component as u64)
-            })
-        });
+        bench_requests(&mut group, "4k", name, g, 8);
     }
-    for (name, g) in &cases[3..4] {
-        // A 1 MiB request: 16 pieces of one 64 KiB interleave each.
-        let s = starts(g.total_sectors(), 2048);
-        let mut i = 0usize;
-        group.bench_with_input(BenchmarkId::new("1m", name), g, |b, g| {
-            b.iter(|| {
-                i = (i + 1) & 1023;
-                let pieces = g.map(black_box(s[i]), 2048).unwrap();
-                pieces.fold(0u64, |acc, p| acc ^ p.cblk ^ p.component as u64)
-            })
-        });
-    }
+    // A 1 MiB request over five unequal members: 16 pieces of one 64 KiB interleave each.
+    bench_requests(&mut group, "1m", cases[3].0, &cases[3].1, 2048);
     group.finish();
+}
+
+/// One `map` call per iteration over 1024 precomputed starts, folding the pieces.
+fn bench_requests(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    size: &str,
+    name: &str,
+    g: &Geometry,
+    sectors: u64,
+) {
+    let s = starts(g.total_sectors(), sectors);
+    let mut i = 0usize;
+    group.bench_with_input(BenchmarkId::new(size, name), g, |b, g| {
+        b.iter(|| {
+            i = (i + 1) & 1023;
+            let pieces = g.map(black_box(s[i]), sectors).unwrap();
+            pieces.fold(0u64, |acc, p| acc ^ p.cblk ^ p.component as u64)
+        })
+    });
 }
 
 /// The harness's own cost per iteration (index + load), to read the figures against.
