@@ -47,7 +47,7 @@ pub struct Limits {
     /// The device's internal block in bytes (0 = same as logical); smaller or misaligned
     /// writes cost a read-modify-write.
     pub physical_block_size: u32,
-    /// Minimum preferred I/O in bytes (raised to the physical block).
+    /// Minimum preferred I/O in bytes (0 or less is raised to the physical block).
     pub io_min: u32,
     /// Optimal I/O in bytes (e.g. a full stripe); 0 = none. Rounded down to the physical
     /// block.
@@ -85,12 +85,13 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 512-byte blocks, no size or segment limits, no discard, 64 tags with a floor of 2.
+    /// 512-byte logical blocks (physical = logical), no size or segment limits, no discard,
+    /// 64 tags with a floor of 2.
     fn default() -> Self {
         Self {
             logical_block_size: SECTOR_BYTES,
-            physical_block_size: SECTOR_BYTES,
-            io_min: SECTOR_BYTES,
+            physical_block_size: 0,
+            io_min: 0,
             io_opt: 0,
             max_hw_sectors: 0,
             max_user_sectors: 0,
