@@ -107,7 +107,9 @@ pub enum Error {
         at: Location,
     },
     /// A request that does not start and end on logical-block boundaries.
-    #[error("request at sector {start} of {sectors} sectors is not aligned to the {lbs}-sector logical block")]
+    #[error(
+        "request at sector {start} of {sectors} sectors is not aligned to the {lbs}-sector logical block"
+    )]
     Misaligned {
         /// First sector.
         start: u64,

@@ -263,6 +263,14 @@ impl Limits {
         }
         if l.max_discard_sectors != 0 {
             l.discard_granularity = l.discard_granularity.max(pbs);
+            let gran_sectors = l.discard_granularity / SECTOR_BYTES;
+            if l.max_discard_sectors < gran_sectors {
+                return Err(too_small(
+                    "max_discard_sectors",
+                    l.max_discard_sectors,
+                    gran_sectors,
+                ));
+            }
         } else {
             l.discard_granularity = 0;
         }
@@ -328,8 +336,7 @@ impl Limits {
             if b.chunk_sectors != 0 {
                 chunk = gcd(chunk, u64::from(b.chunk_sectors));
             }
-            t.max_discard_sectors = if t.max_discard_sectors == 0 || b.max_discard_sectors == 0
-            {
+            t.max_discard_sectors = if t.max_discard_sectors == 0 || b.max_discard_sectors == 0 {
                 0
             } else {
                 t.max_discard_sectors.min(b.max_discard_sectors)

@@ -310,7 +310,10 @@ impl std::fmt::Display for Warning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Clamped { key, asked, limit } => {
-                write!(f, "{key}={asked} is above the hardware limit; clamped to {limit}")
+                write!(
+                    f,
+                    "{key}={asked} is above the hardware limit; clamped to {limit}"
+                )
             }
         }
     }

@@ -162,7 +162,10 @@ impl Splitter {
     /// # Errors
     /// As [`Splitter::new`].
     pub fn for_device(applied: &Applied, policy: Mod15) -> Result<Self, Error> {
-        Self::new(&applied.limits, Mod15::for_device(applied.mod15write, policy))
+        Self::new(
+            &applied.limits,
+            Mod15::for_device(applied.mod15write, policy),
+        )
     }
 
     /// The validated limits in use.
@@ -298,7 +301,13 @@ impl Splitter {
     }
 
     /// Linux's piece at `s` with `r` left, walking `cursor` if there is a scatter list.
-    fn linux_piece(&self, op: Op, s: u64, r: u64, cursor: Option<&Cursor<'_>>) -> Result<u64, Error> {
+    fn linux_piece(
+        &self,
+        op: Op,
+        s: u64,
+        r: u64,
+        cursor: Option<&Cursor<'_>>,
+    ) -> Result<u64, Error> {
         if op == Op::Discard {
             return Ok(self.discard_piece(s, r));
         }
@@ -372,42 +381,58 @@ impl Splitter {
             return Ok(p);
         }
         let good = |n: u64| n == 1 || n % 15 != 1;
-        // A piece is acceptable if what follows is either more than one piece (it gets its
-        // own turn) or a good final piece.
-        let tail_ok = |c: u64| -> Result<bool, Error> {
+        // Whether the `rest` sectors after a piece of `c` go out as one single piece.
+        let one_piece = |c: u64| -> Result<bool, Error> {
             let rest = r - c;
-            if rest == 0 || good(rest) {
-                return Ok(true);
-            }
             let after = cursor.map(|k| k.advanced(c * 512));
-            Ok(self.linux_piece(op, s + c, rest, after.as_ref())? < rest)
+            Ok(self.linux_piece(op, s + c, rest, after.as_ref())? == rest)
         };
-        if good(p) && tail_ok(p)? {
-            return Ok(p);
-        }
-        // Smaller candidates: keep the physical-block end alignment Linux chose while that
-        // works, then any whole logical block.
-        let mut steps = [self.lbs, self.lbs];
-        if self.pbs > self.lbs && (s + p) % self.pbs == 0 {
-            steps[0] = self.pbs;
-        }
-        for step in steps {
-            let mut c = p;
-            while c > step {
-                c -= step;
-                if good(c) && tail_ok(c)? {
+        // Smaller candidates, largest first: keep the physical-block end alignment Linux
+        // chose while that works, then any whole logical block.
+        let pbs_first = self.pbs > self.lbs && (s + p) % self.pbs == 0;
+        let candidates = || {
+            let pbs_steps = (1..p / self.pbs)
+                .map(move |k| p - k * self.pbs)
+                .filter(move |_| pbs_first);
+            let lbs_steps = (1..p / self.lbs).map(move |k| p - k * self.lbs);
+            pbs_steps.chain(lbs_steps)
+        };
+        if p == r {
+            // The last piece: if it is bad, split it into two good pieces (one piece more,
+            // which no policy can avoid).
+            if good(p) {
+                return Ok(p);
+            }
+            for c in candidates() {
+                if good(c) && good(r - c) {
                     return Ok(c);
                 }
             }
-        }
-        // No candidate keeps the tail good in one piece: take the largest good size and let
-        // the tail be split again (one piece more).
-        let mut c = p;
-        while c >= self.lbs {
-            if good(c) {
+        } else if !one_piece(p)? {
+            // More than one piece follows: only this piece's own size matters now.
+            if good(p) {
+                return Ok(p);
+            }
+            if let Some(c) = candidates().find(|&c| good(c)) {
                 return Ok(c);
             }
-            c -= self.lbs;
+        } else {
+            // One piece follows: look ahead so both are good, without adding a piece.
+            if good(p) && good(r - p) {
+                return Ok(p);
+            }
+            for c in candidates() {
+                if good(c) && good(r - c) && one_piece(c)? {
+                    return Ok(c);
+                }
+            }
+            // Not possible in two pieces: keep this one if good and split the last later.
+            if good(p) {
+                return Ok(p);
+            }
+            if let Some(c) = candidates().find(|&c| good(c)) {
+                return Ok(c);
+            }
         }
         Err(Error::Mod15Unavoidable { sector: s })
     }
@@ -434,7 +459,10 @@ impl Iterator for Pieces<'_> {
         // Without a scatter list nothing can fail: the limits were validated (every cap
         // holds at least one logical block), and smart mode, refused where a one-block piece
         // is bad, always finds a good size among two consecutive block counts.
-        let sectors = self.splitter.piece(self.op, self.next, r, None).unwrap_or(r);
+        let sectors = self
+            .splitter
+            .piece(self.op, self.next, r, None)
+            .unwrap_or(r);
         let piece = Piece {
             start: self.next,
             sectors,
@@ -495,7 +523,10 @@ impl Iterator for SgPieces<'_> {
             return None;
         }
         let r = self.end - self.next;
-        match self.splitter.piece(self.op, self.next, r, Some(&self.cursor)) {
+        match self
+            .splitter
+            .piece(self.op, self.next, r, Some(&self.cursor))
+        {
             Ok(sectors) => {
                 let piece = Piece {
                     start: self.next,

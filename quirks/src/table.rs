@@ -191,8 +191,17 @@ impl QuirkTable {
                 continue;
             }
             let cols: Vec<&str> = line.split('\t').collect();
-            let [source, kind, vendor, model, revision, settings, flags, enabled, note] =
-                cols[..]
+            let [
+                source,
+                kind,
+                vendor,
+                model,
+                revision,
+                settings,
+                flags,
+                enabled,
+                note,
+            ] = cols[..]
             else {
                 return Err(Error::Malformed {
                     reason: format!("expected 9 tab-separated columns, found {}", cols.len()),
@@ -293,7 +302,9 @@ impl QuirkTable {
             };
             for (n, entry) in entries.iter().enumerate() {
                 let range = match (headers.get(n), headers.len() == entries.len()) {
-                    (Some(&first), true) => first..headers.get(n + 1).copied().unwrap_or(lines.len()),
+                    (Some(&first), true) => {
+                        first..headers.get(n + 1).copied().unwrap_or(lines.len())
+                    }
                     _ => 0..lines.len(),
                 };
                 rows.push(toml_row(entry, &lines, range, input)?);
@@ -635,7 +646,10 @@ impl QuirkSet {
     pub fn resolve(&self, id: &Identity) -> Resolved {
         let mut settings = Settings::default();
         let mut matches = Vec::new();
-        let tables = [(Layer::Builtin, self.builtin), (Layer::File, Some(&self.file))];
+        let tables = [
+            (Layer::Builtin, self.builtin),
+            (Layer::File, Some(&self.file)),
+        ];
         for (layer, table) in tables {
             if let Some(row) = table.and_then(|t| t.first_match(id)) {
                 settings.merge(&row.settings);

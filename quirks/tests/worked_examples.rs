@@ -56,7 +56,12 @@ fn chunk_boundary_not_power_of_two() {
 #[test]
 fn max_segments_two_with_ten_4k_buffers() {
     let l = limits(|l| l.max_segments = 2);
-    let bufs: Vec<Segment> = (0..10).map(|i| Segment { addr: i * 0x10000, len: 4096 }).collect();
+    let bufs: Vec<Segment> = (0..10)
+        .map(|i| Segment {
+            addr: i * 0x10000,
+            len: 4096,
+        })
+        .collect();
     assert_eq!(sg(&l, 0, &bufs), [16; 5]);
 }
 
@@ -66,7 +71,17 @@ fn max_segment_size_with_one_contiguous_mib() {
         l.max_segments = 4;
         l.max_segment_size = 65536;
     });
-    assert_eq!(sg(&l, 0, &[Segment { addr: 0, len: 1 << 20 }]), [512; 4]);
+    assert_eq!(
+        sg(
+            &l,
+            0,
+            &[Segment {
+                addr: 0,
+                len: 1 << 20
+            }]
+        ),
+        [512; 4]
+    );
 }
 
 #[test]
@@ -75,7 +90,17 @@ fn segment_boundary_crossing() {
         l.max_segments = 1;
         l.seg_boundary_mask = 0xFFFF;
     });
-    assert_eq!(sg(&l, 0, &[Segment { addr: 0xF000, len: 264 * 512 }]), [8, 128, 128]);
+    assert_eq!(
+        sg(
+            &l,
+            0,
+            &[Segment {
+                addr: 0xF000,
+                len: 264 * 512
+            }]
+        ),
+        [8, 128, 128]
+    );
 }
 
 #[test]
@@ -84,7 +109,12 @@ fn four_kn_rounds_segment_walk_down_to_blocks() {
         l.logical_block_size = 4096;
         l.max_segments = 3;
     });
-    let bufs: Vec<Segment> = (0..4).map(|i| Segment { addr: i * 0x10000, len: 6144 }).collect();
+    let bufs: Vec<Segment> = (0..4)
+        .map(|i| Segment {
+            addr: i * 0x10000,
+            len: 6144,
+        })
+        .collect();
     assert_eq!(sg(&l, 0, &bufs), [32, 16]);
 }
 
@@ -93,8 +123,14 @@ fn virt_boundary_gap_splits() {
     let l = limits(|l| l.virt_boundary_mask = 0xFFF);
     let bufs = [
         Segment { addr: 0, len: 4096 },
-        Segment { addr: 0x10000, len: 2048 },
-        Segment { addr: 0x20000, len: 6144 },
+        Segment {
+            addr: 0x10000,
+            len: 2048,
+        },
+        Segment {
+            addr: 0x20000,
+            len: 6144,
+        },
     ];
     assert_eq!(sg(&l, 0, &bufs), [12, 12]);
 }
@@ -105,25 +141,45 @@ fn discard_granularity_grid() {
         l.max_discard_sectors = 1000;
         l.discard_granularity = 4096;
     });
-    assert_eq!(plain(&l, Op::Discard, 3, 5000), [997, 1000, 1000, 1000, 1000, 3]);
+    assert_eq!(
+        plain(&l, Op::Discard, 3, 5000),
+        [997, 1000, 1000, 1000, 1000, 3]
+    );
 }
 
 #[test]
 fn seagate_mod15_write_of_2576_sectors() {
     // ST380023AS is in sata_sil's MOD15WRITE list; the controller takes 2560 sectors.
     let hw = limits(|l| l.max_hw_sectors = 2560);
-    let applied = QuirkSet::builtin().apply(&Identity::new("ATA", "ST380023AS", "3.01"), &hw).unwrap();
+    let applied = QuirkSet::builtin()
+        .apply(&Identity::new("ATA", "ST380023AS", "3.01"), &hw)
+        .unwrap();
     assert!(applied.mod15write);
-    let cap15: Vec<u64> = Splitter::for_device(&applied, Mod15::Cap15).unwrap().split(Op::Write, 0, 2576).unwrap().map(|p| p.sectors).collect();
+    let cap15: Vec<u64> = Splitter::for_device(&applied, Mod15::Cap15)
+        .unwrap()
+        .split(Op::Write, 0, 2576)
+        .unwrap()
+        .map(|p| p.sectors)
+        .collect();
     assert_eq!(cap15.len(), 172);
     assert!(cap15[..171].iter().all(|&n| n == 15));
     assert_eq!(cap15[171], 2576 - 171 * 15);
-    let smart: Vec<u64> = Splitter::for_device(&applied, Mod15::Smart).unwrap().split(Op::Write, 0, 2576).unwrap().map(|p| p.sectors).collect();
+    let smart: Vec<u64> = Splitter::for_device(&applied, Mod15::Smart)
+        .unwrap()
+        .split(Op::Write, 0, 2576)
+        .unwrap()
+        .map(|p| p.sectors)
+        .collect();
     assert_eq!(smart, [2559, 17]);
     // Plain Linux without the quirk: 2560 + 16, and 16 % 15 == 1.
     assert_eq!(plain(&hw, Op::Write, 0, 2576), [2560, 16]);
     // Smart leaves reads alone.
-    let reads: Vec<u64> = Splitter::for_device(&applied, Mod15::Smart).unwrap().split(Op::Read, 0, 2576).unwrap().map(|p| p.sectors).collect();
+    let reads: Vec<u64> = Splitter::for_device(&applied, Mod15::Smart)
+        .unwrap()
+        .split(Op::Read, 0, 2576)
+        .unwrap()
+        .map(|p| p.sectors)
+        .collect();
     assert_eq!(reads, [2560, 16]);
 }
 
@@ -135,7 +191,13 @@ fn smart_on_512e_keeps_physical_alignment() {
         l.max_hw_sectors = 2560;
     });
     let smart = Splitter::new(&hw, Mod15::Smart).unwrap();
-    let sizes = |n| smart.split(Op::Write, 0, n).unwrap().map(|p| p.sectors).collect::<Vec<_>>();
+    let sizes = |n| {
+        smart
+            .split(Op::Write, 0, n)
+            .unwrap()
+            .map(|p| p.sectors)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(sizes(2576), [2552, 24]);
     assert_eq!(sizes(16), [8, 8]);
     assert_eq!(sizes(256), [248, 8]);
@@ -144,22 +206,58 @@ fn smart_on_512e_keeps_physical_alignment() {
 #[test]
 fn smart_on_512n_small_requests() {
     let smart = Splitter::new(&Limits::default(), Mod15::Smart).unwrap();
-    let sizes = |n| smart.split(Op::Write, 0, n).unwrap().map(|p| p.sectors).collect::<Vec<_>>();
+    let sizes = |n| {
+        smart
+            .split(Op::Write, 0, n)
+            .unwrap()
+            .map(|p| p.sectors)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(sizes(31), [30, 1]);
     assert_eq!(sizes(1), [1]);
     assert_eq!(sizes(16), [15, 1]);
     let cap15 = Splitter::new(&Limits::default(), Mod15::Cap15).unwrap();
-    assert_eq!(cap15.split(Op::Write, 0, 31).unwrap().map(|p| p.sectors).collect::<Vec<_>>(), [15, 15, 1]);
+    assert_eq!(
+        cap15
+            .split(Op::Write, 0, 31)
+            .unwrap()
+            .map(|p| p.sectors)
+            .collect::<Vec<_>>(),
+        [15, 15, 1]
+    );
 }
 
 #[test]
 fn misaligned_requests_are_errors() {
     let s = Splitter::new(&limits(|l| l.logical_block_size = 4096), Mod15::Off).unwrap();
-    assert_eq!(s.split(Op::Read, 4, 8).unwrap_err(), Error::Misaligned { start: 4, sectors: 8, lbs: 8 });
-    assert_eq!(s.split(Op::Read, 8, 12).unwrap_err(), Error::Misaligned { start: 8, sectors: 12, lbs: 8 });
-    assert!(matches!(s.split(Op::Read, u64::MAX - 7, 16), Err(Error::RequestOverflow { .. })));
-    assert_eq!(s.split(Op::Discard, 0, 8).unwrap_err(), Error::Unsupported { op: "discard" });
-    assert!(s.split_sg(Op::Read, 0, &[Segment { addr: 0, len: 100 }]).is_err());
+    assert_eq!(
+        s.split(Op::Read, 4, 8).unwrap_err(),
+        Error::Misaligned {
+            start: 4,
+            sectors: 8,
+            lbs: 8
+        }
+    );
+    assert_eq!(
+        s.split(Op::Read, 8, 12).unwrap_err(),
+        Error::Misaligned {
+            start: 8,
+            sectors: 12,
+            lbs: 8
+        }
+    );
+    assert!(matches!(
+        s.split(Op::Read, u64::MAX - 7, 16),
+        Err(Error::RequestOverflow { .. })
+    ));
+    assert_eq!(
+        s.split(Op::Discard, 0, 8).unwrap_err(),
+        Error::Unsupported { op: "discard" }
+    );
+    assert!(
+        s.split_sg(Op::Read, 0, &[Segment { addr: 0, len: 100 }])
+            .is_err()
+    );
 }
 
 #[test]
@@ -169,7 +267,12 @@ fn segment_limits_that_fit_no_block_are_an_error() {
         l.max_segments = 1;
     });
     let s = Splitter::new(&l, Mod15::Off).unwrap();
-    let bufs: Vec<Segment> = (0..8).map(|i| Segment { addr: i * 0x10000, len: 512 }).collect();
+    let bufs: Vec<Segment> = (0..8)
+        .map(|i| Segment {
+            addr: i * 0x10000,
+            len: 512,
+        })
+        .collect();
     let first = s.split_sg(Op::Read, 0, &bufs).unwrap().next().unwrap();
     assert_eq!(first.unwrap_err(), Error::NoProgress { sector: 0 });
 }
@@ -177,14 +280,69 @@ fn segment_limits_that_fit_no_block_are_an_error() {
 #[test]
 fn validation_errors_are_typed() {
     let v = |f: fn(&mut Limits)| limits(f).validate().unwrap_err();
-    assert_eq!(v(|l| l.logical_block_size = 1000), Error::InvalidLogicalBlockSize { bytes: 1000 });
-    assert_eq!(v(|l| { l.logical_block_size = 4096; l.physical_block_size = 512; }), Error::PhysicalBelowLogical { physical: 512, logical: 4096 });
-    assert_eq!(v(|l| l.max_hw_sectors = 7), Error::LimitTooSmall { field: "max_hw_sectors", value: 7, min: 8 });
-    assert_eq!(v(|l| l.max_user_sectors = 4), Error::LimitTooSmall { field: "max_user_sectors", value: 4, min: 8 });
-    assert_eq!(v(|l| l.max_segment_size = 1024), Error::LimitTooSmall { field: "max_segment_size", value: 1024, min: 4096 });
-    assert_eq!(v(|l| l.seg_boundary_mask = 0x1_0000), Error::InvalidMask { field: "seg_boundary_mask", value: 0x1_0000 });
-    assert_eq!(v(|l| { l.logical_block_size = 4096; l.chunk_sectors = 12; }), Error::NotBlockMultiple { field: "chunk_sectors", value: 12, lbs: 8 });
-    assert_eq!(v(|l| { l.max_tags = 4; l.min_tags = 8; }), Error::InvalidTags { min: 8, max: 4 });
+    assert_eq!(
+        v(|l| l.logical_block_size = 1000),
+        Error::InvalidLogicalBlockSize { bytes: 1000 }
+    );
+    assert_eq!(
+        v(|l| {
+            l.logical_block_size = 4096;
+            l.physical_block_size = 512;
+        }),
+        Error::PhysicalBelowLogical {
+            physical: 512,
+            logical: 4096
+        }
+    );
+    assert_eq!(
+        v(|l| l.max_hw_sectors = 7),
+        Error::LimitTooSmall {
+            field: "max_hw_sectors",
+            value: 7,
+            min: 8
+        }
+    );
+    assert_eq!(
+        v(|l| l.max_user_sectors = 4),
+        Error::LimitTooSmall {
+            field: "max_user_sectors",
+            value: 4,
+            min: 8
+        }
+    );
+    assert_eq!(
+        v(|l| l.max_segment_size = 1024),
+        Error::LimitTooSmall {
+            field: "max_segment_size",
+            value: 1024,
+            min: 4096
+        }
+    );
+    assert_eq!(
+        v(|l| l.seg_boundary_mask = 0x1_0000),
+        Error::InvalidMask {
+            field: "seg_boundary_mask",
+            value: 0x1_0000
+        }
+    );
+    assert_eq!(
+        v(|l| {
+            l.logical_block_size = 4096;
+            l.chunk_sectors = 12;
+        }),
+        Error::NotBlockMultiple {
+            field: "chunk_sectors",
+            value: 12,
+            lbs: 8
+        }
+    );
+    assert_eq!(
+        v(|l| {
+            l.max_tags = 4;
+            l.min_tags = 8;
+        }),
+        Error::InvalidTags { min: 8, max: 4 }
+    );
 }
 
 #[test]
@@ -192,10 +350,37 @@ fn max_sectors_is_derived_as_linux_does() {
     let v = |f: fn(&mut Limits)| limits(f).validate().unwrap().max_sectors;
     assert_eq!(v(|_| {}), 8192, "4 MiB default cap");
     assert_eq!(v(|l| l.max_hw_sectors = 2560), 2560);
-    assert_eq!(v(|l| { l.max_hw_sectors = 2560; l.max_user_sectors = 1000; }), 1000);
-    assert_eq!(v(|l| { l.max_hw_sectors = 2560; l.max_user_sectors = 9000; }), 2560, "user value clamped");
-    assert_eq!(v(|l| { l.max_hw_sectors = 65535; l.io_opt = 16 << 20; }), 32768, "io_opt above the cap raises it");
-    assert_eq!(v(|l| { l.logical_block_size = 4096; l.max_hw_sectors = 2047; }), 2040, "rounded to the logical block");
+    assert_eq!(
+        v(|l| {
+            l.max_hw_sectors = 2560;
+            l.max_user_sectors = 1000;
+        }),
+        1000
+    );
+    assert_eq!(
+        v(|l| {
+            l.max_hw_sectors = 2560;
+            l.max_user_sectors = 9000;
+        }),
+        2560,
+        "user value clamped"
+    );
+    assert_eq!(
+        v(|l| {
+            l.max_hw_sectors = 65535;
+            l.io_opt = 16 << 20;
+        }),
+        32768,
+        "io_opt above the cap raises it"
+    );
+    assert_eq!(
+        v(|l| {
+            l.logical_block_size = 4096;
+            l.max_hw_sectors = 2047;
+        }),
+        2040,
+        "rounded to the logical block"
+    );
     assert_eq!(v(|l| l.max_user_sectors = 1001), 1000, "KiB granular");
 }
 
@@ -214,7 +399,11 @@ fn stacking_takes_max_min_lcm_gcd_and_reports_misalignment() {
         l.max_hw_sectors = 1024;
         l.chunk_sectors = 128;
     });
-    let shape = StripeShape { interleave_sectors: 256, data_members: 2, data_offset_sectors: 0 };
+    let shape = StripeShape {
+        interleave_sectors: 256,
+        data_members: 2,
+        data_offset_sectors: 0,
+    };
     let s = Limits::stack(&[a.clone(), b], &shape).unwrap();
     assert_eq!(s.limits.logical_block_size, 4096);
     assert_eq!(s.limits.physical_block_size, 4096);
@@ -225,9 +414,21 @@ fn stacking_takes_max_min_lcm_gcd_and_reports_misalignment() {
     assert_eq!(s.limits.max_discard_sectors, 0, "b cannot discard");
     assert!(s.misaligned.is_empty(), "{:?}", s.misaligned);
 
-    let shifted = StripeShape { interleave_sectors: 1, data_members: 2, data_offset_sectors: 16 + 3 };
+    let shifted = StripeShape {
+        interleave_sectors: 1,
+        data_members: 2,
+        data_offset_sectors: 16 + 3,
+    };
     let s = Limits::stack(&[a], &shifted).unwrap();
-    assert!(s.misaligned.iter().any(|m| matches!(m, Misalignment::DataOffset { component: 0, .. })));
-    assert!(s.misaligned.iter().any(|m| matches!(m, Misalignment::Interleave { component: 0, .. })));
+    assert!(
+        s.misaligned
+            .iter()
+            .any(|m| matches!(m, Misalignment::DataOffset { component: 0, .. }))
+    );
+    assert!(
+        s.misaligned
+            .iter()
+            .any(|m| matches!(m, Misalignment::Interleave { component: 0, .. }))
+    );
     assert_eq!(Limits::stack(&[], &shape).unwrap_err(), Error::NoMembers);
 }
