@@ -263,6 +263,18 @@ impl Limits {
         }
         if l.max_discard_sectors != 0 {
             l.discard_granularity = l.discard_granularity.max(pbs);
+            for (field, value) in [
+                ("discard_granularity", l.discard_granularity),
+                ("discard_alignment", l.discard_alignment),
+            ] {
+                if value % lbs != 0 {
+                    return Err(Error::NotBlockMultiple {
+                        field,
+                        value: u64::from(value / SECTOR_BYTES),
+                        lbs: u64::from(lbs_sec),
+                    });
+                }
+            }
             let gran_sectors = l.discard_granularity / SECTOR_BYTES;
             if l.max_discard_sectors < gran_sectors {
                 return Err(too_small(

@@ -355,7 +355,7 @@ impl Splitter {
                     n = n.min(max_seg);
                 }
                 if boundary != 0 {
-                    n = n.min(boundary - (a & boundary) + 1);
+                    n = n.min((boundary - (a & boundary)).saturating_add(1));
                 }
                 nsegs += 1;
                 taken += n;
