@@ -8,7 +8,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` to stdout that ends the process quietly when the reader has gone away (a
+/// closed pipe, as with `| head`), instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod map;
+mod quirks;
+mod split;
 
 /// Striping, tagged queueing and request splitting for storage engineers.
 #[derive(Debug, Parser)]
@@ -22,6 +32,10 @@ struct Cli {
 enum Command {
     /// Show a ccd/md striping geometry and where requests land on its components.
     Map(map::MapArgs),
+    /// Split a request by a device's limits and quirks, in Linux's order.
+    Split(split::SplitArgs),
+    /// List the quirk table with sources, or show what applies to a device and why.
+    Quirks(quirks::QuirksArgs),
 }
 
 /// Exit code for usage errors and refused configurations (clap uses the same).
@@ -31,5 +45,31 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Map(args) => map::run(&args),
+        Command::Split(args) => split::run(&args),
+        Command::Quirks(args) => quirks::run(&args),
     }
+}
+
+/// Writes to stdout; a write error (the reader closed the pipe) ends the process with
+/// success, as `head` expects of the programs it reads.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if out.write_fmt(args).and_then(|()| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// Reports a refused input: JSON `{"error": {"kind", "message"}}` on stdout with `--json`,
+/// otherwise a message on stderr; exit code 2 either way.
+pub(crate) fn fail(command: &str, kind: &str, message: &str, json: bool) -> ExitCode {
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"error": {"kind": kind, "message": message}})
+        );
+    } else {
+        eprintln!("tagstripe {command}: {message}");
+    }
+    ExitCode::from(EXIT_USAGE)
 }

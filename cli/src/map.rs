@@ -109,7 +109,7 @@ pub(crate) fn run(args: &MapArgs) -> ExitCode {
         Err(e) => {
             if args.json {
                 let out = json!({"error": {"kind": e.kind(), "errno": e.errno().as_str(), "message": e.to_string()}});
-                println!("{out}");
+                outln!("{out}");
             } else {
                 eprintln!(
                     "tagstripe map: ccd would refuse this geometry: {e} ({})",
@@ -129,9 +129,9 @@ pub(crate) fn run(args: &MapArgs) -> ExitCode {
         .map(|r| Mapped::new(&geometry, *r, &mut reads))
         .collect();
     if args.json {
-        println!("{}", to_json(&geometry, &results));
+        outln!("{}", to_json(&geometry, &results));
     } else {
-        print!("{}", render(&geometry, &results));
+        crate::write_out(format_args!("{}", render(&geometry, &results)));
     }
     ExitCode::SUCCESS
 }

@@ -154,7 +154,7 @@ proptest! {
         let lbs_bytes = u64::from(l.logical_block_size);
         // Buffers of whole 512-byte units at scattered, sometimes unaligned addresses.
         let mut segs: Vec<Segment> = bufs.iter().enumerate().map(|(i, &(a, n))| Segment {
-            addr: (i as u64) << 24 | a * 512 + if a % 3 == 0 { 0x800 } else { 0 },
+            addr: ((i as u64) << 24) | (a * 512 + if a % 3 == 0 { 0x800 } else { 0 }),
             len: n * 512,
         }).collect();
         let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
