@@ -1,0 +1,499 @@
+//! The tagged-command queue: a sans-IO state machine in quinn's style.
+
+use std::collections::VecDeque;
+
+use crate::policy::{Choice, Head, Policy, Release, View};
+use crate::{
+    Dispatch, Error, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind,
+    Ticket,
+};
+
+/// Settings of a [`TagQueue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Tags the device takes (CAM's maxtags; 1 = untagged). Openings start here.
+    pub max_tags: u32,
+    /// Openings never shrink below this after QUEUE FULL (CAM's mintags).
+    pub min_tags: u32,
+    /// Most requests waiting in the host queue; further submits are refused.
+    pub max_pending: usize,
+    /// After this long without QUEUE FULL, each completion may raise the openings by one.
+    pub ramp_quiet: Nanos,
+    /// After BUSY, dispatch resumes at the next completion or after this delay (CAM: 1 s).
+    pub busy_delay: Nanos,
+    /// Whether the device enforces ordered tags itself (SCSI). If not (SATA NCQ, files,
+    /// NVMe), the queue drains before an ordered request and holds later ones until it
+    /// completes.
+    pub device_orders: bool,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            max_tags: 64,
+            min_tags: 2,
+            max_pending: 4096,
+            ramp_quiet: 1_000_000_000,
+            busy_delay: 1_000_000_000,
+            device_orders: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending<R> {
+    ticket: Ticket,
+    req: R,
+    meta: Meta,
+    submitted: Nanos,
+    epoch: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    ticket: Ticket,
+    meta: Meta,
+    kind: TagKind,
+    submitted: Nanos,
+    dispatched: Nanos,
+    epoch: u64,
+}
+
+/// A device's tagged-command queue: requests are submitted with a class and tag kind,
+/// dispatched to the device under a tag when the policy and the openings allow, and
+/// completed by tag. Time is passed in; nothing here does I/O.
+///
+/// How to drive it: after [`submit`](Self::submit), [`handle_completion`](Self::handle_completion)
+/// or [`handle_timeout`](Self::handle_timeout), call [`poll_dispatch`](Self::poll_dispatch)
+/// until it returns `None`, drain [`poll_event`](Self::poll_event), and arm a timer for
+/// [`poll_timeout`](Self::poll_timeout).
+///
+/// ```
+/// use tagstripe_scheduler::{Dir, Fair, FairConfig, IoClass, Meta, Outcome, QueueConfig, TagQueue};
+///
+/// let mut q = TagQueue::new(QueueConfig::default(), Fair::new(FairConfig::default()));
+/// let t = q.submit(0, "read block 7", Meta::new(IoClass::Interactive, Dir::Read)).unwrap();
+/// let d = q.poll_dispatch(0).unwrap();
+/// assert_eq!((d.ticket, d.req), (t, "read block 7"));
+/// q.handle_completion(5_000_000, d.tag, Outcome::Done).unwrap();
+/// assert!(matches!(q.poll_event(), Some(tagstripe_scheduler::Event::Completed { latency: 5_000_000, .. })));
+/// ```
+#[derive(Debug)]
+pub struct TagQueue<R, P> {
+    cfg: QueueConfig,
+    policy: P,
+    openings: u32,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    pending: [VecDeque<Pending<R>>; 4],
+    head_of_queue: VecDeque<Pending<R>>,
+    events: VecDeque<Event>,
+    active: [u32; 4],
+    active_ordered: u32,
+    next_ticket: u64,
+    epoch: u64,
+    busy_until: Option<Nanos>,
+    last_full: Option<Nanos>,
+    last_ramp: Nanos,
+    wait_until: Option<Nanos>,
+    drain_for: Option<IoClass>,
+    closed: bool,
+}
+
+impl<R, P: Policy> TagQueue<R, P> {
+    /// A queue with openings at `cfg.max_tags` (at least 1) and the given policy.
+    pub fn new(cfg: QueueConfig, policy: P) -> Self {
+        let max = cfg.max_tags.max(1);
+        let cfg = QueueConfig {
+            max_tags: max,
+            min_tags: cfg.min_tags.clamp(1, max),
+            ..cfg
+        };
+        Self {
+            cfg,
+            policy,
+            openings: max,
+            slots: Vec::new(),
+            free: Vec::new(),
+            pending: Default::default(),
+            head_of_queue: VecDeque::new(),
+            events: VecDeque::new(),
+            active: [0; 4],
+            active_ordered: 0,
+            next_ticket: 0,
+            epoch: 0,
+            busy_until: None,
+            last_full: None,
+            last_ramp: 0,
+            wait_until: None,
+            drain_for: None,
+            closed: false,
+        }
+    }
+
+    /// Queues a request.
+    ///
+    /// # Errors
+    /// [`Refusal::Full`] when `max_pending` requests wait, [`Refusal::Closed`] after
+    /// [`close`](Self::close); the request is handed back in the error.
+    pub fn submit(&mut self, now: Nanos, req: R, meta: Meta) -> Result<Ticket, SubmitError<R>> {
+        if self.closed {
+            return Err(SubmitError {
+                reason: Refusal::Closed,
+                req,
+            });
+        }
+        if self.pending_len() >= self.cfg.max_pending {
+            return Err(SubmitError {
+                reason: Refusal::Full {
+                    max: self.cfg.max_pending,
+                },
+                req,
+            });
+        }
+        let ticket = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        // An ordered request is an epoch of its own: everything before it goes first,
+        // everything after it waits.
+        let epoch = if meta.kind == TagKind::Ordered {
+            self.epoch += 1;
+            let e = self.epoch;
+            self.epoch += 1;
+            e
+        } else {
+            self.epoch
+        };
+        self.policy.on_submit(now, &meta);
+        let p = Pending {
+            ticket,
+            req,
+            meta,
+            submitted: now,
+            epoch,
+        };
+        if meta.kind == TagKind::HeadOfQueue {
+            self.head_of_queue.push_back(p);
+        } else {
+            self.pending[meta.class.index()].push_back(p);
+        }
+        Ok(ticket)
+    }
+
+    /// The next request to send to the device, if the openings, the ordering rules and the
+    /// policy allow one now.
+    #[must_use]
+    pub fn poll_dispatch(&mut self, now: Nanos) -> Option<Dispatch<R>> {
+        if self.busy_until.is_some() || self.active_total() >= self.openings {
+            return None;
+        }
+        let low = self.lowest_pending_epoch()?;
+        if let Some(class) = self.drain_for {
+            // A barrier on a device that does not order: send it alone, once drained.
+            if self.active_total() > 0 {
+                return None;
+            }
+            self.drain_for = None;
+            if self.pending[class.index()]
+                .front()
+                .is_some_and(|p| self.eligible(p, low))
+            {
+                let p = self.pending[class.index()].pop_front()?;
+                let d = self.dispatch(now, p, TagKind::Ordered);
+                if d.meta.kind != TagKind::Ordered {
+                    self.events.push_back(Event::Barrier { ticket: d.ticket });
+                }
+                return Some(d);
+            }
+        }
+        if self
+            .head_of_queue
+            .front()
+            .is_some_and(|p| self.eligible(p, low))
+        {
+            let p = self.head_of_queue.pop_front()?;
+            let kind = TagKind::HeadOfQueue;
+            return Some(self.dispatch(now, p, kind));
+        }
+        let mut heads = [None; 4];
+        for c in IoClass::ALL {
+            if let Some(p) = self.pending[c.index()].front() {
+                if self.eligible(p, low) {
+                    heads[c.index()] = Some(Head {
+                        ticket: p.ticket,
+                        submitted: p.submitted,
+                        dir: p.meta.dir,
+                    });
+                }
+            }
+        }
+        let view = View {
+            now,
+            openings: self.openings,
+            active: self.active,
+            pending: std::array::from_fn(|i| self.pending[i].len()),
+            heads,
+            oldest_interactive_at_device: self
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| s.meta.class == IoClass::Interactive)
+                .map(|s| s.dispatched)
+                .min(),
+        };
+        self.wait_until = None;
+        match self.policy.choose(&view) {
+            Choice::Dispatch { class, ordered } => {
+                if heads[class.index()].is_none() {
+                    return None;
+                }
+                if ordered && !self.cfg.device_orders && self.active_total() > 0 {
+                    self.drain_for = Some(class);
+                    return None;
+                }
+                let p = self.pending[class.index()].pop_front()?;
+                let kind = if ordered { TagKind::Ordered } else { p.meta.kind };
+                let d = self.dispatch(now, p, kind);
+                if ordered && d.meta.kind != TagKind::Ordered {
+                    self.events.push_back(Event::Barrier { ticket: d.ticket });
+                }
+                Some(d)
+            }
+            Choice::Wait { until } => {
+                self.wait_until = until.filter(|&t| t > now);
+                None
+            }
+        }
+    }
+
+    /// Records the device's answer for the command holding `tag`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTag`] if no command holds `tag` (never dispatched, or already
+    /// completed). The queue is unchanged then.
+    pub fn handle_completion(
+        &mut self,
+        now: Nanos,
+        tag: Tag,
+        outcome: Outcome<R>,
+    ) -> Result<(), Error> {
+        let slot = self
+            .slots
+            .get_mut(tag.0 as usize)
+            .and_then(Option::take)
+            .ok_or(Error::UnknownTag { tag: tag.0 })?;
+        self.free.push(tag.0);
+        let class = slot.meta.class.index();
+        self.active[class] = self.active[class].saturating_sub(1);
+        if slot.kind == TagKind::Ordered {
+            self.active_ordered = self.active_ordered.saturating_sub(1);
+        }
+        let requeue = |q: &mut Self, req: R| {
+            let p = Pending {
+                ticket: slot.ticket,
+                req,
+                meta: slot.meta,
+                submitted: slot.submitted,
+                epoch: slot.epoch,
+            };
+            if slot.meta.kind == TagKind::HeadOfQueue {
+                q.head_of_queue.push_front(p);
+            } else {
+                q.pending[class].push_front(p);
+            }
+        };
+        match outcome {
+            Outcome::Done | Outcome::Failed => {
+                let done = matches!(outcome, Outcome::Done);
+                self.events.push_back(if done {
+                    Event::Completed {
+                        ticket: slot.ticket,
+                        latency: now.saturating_sub(slot.submitted),
+                    }
+                } else {
+                    Event::Failed {
+                        ticket: slot.ticket,
+                    }
+                });
+                let how = if done {
+                    Release::Done {
+                        device_ns: now.saturating_sub(slot.dispatched),
+                    }
+                } else {
+                    Release::Failed
+                };
+                self.policy.on_release(now, &slot.meta, slot.kind, how);
+                self.busy_until = None;
+                self.maybe_ramp(now);
+            }
+            Outcome::QueueFull(req) => {
+                let others = self.active_total();
+                requeue(self, req);
+                self.policy
+                    .on_release(now, &slot.meta, slot.kind, Release::Requeued);
+                if others == 0 {
+                    // QUEUE FULL with nothing else outstanding is BUSY (CAM).
+                    self.busy_until = Some(now.saturating_add(self.cfg.busy_delay));
+                } else {
+                    self.last_full = Some(now);
+                    self.set_openings_inner(others.max(self.cfg.min_tags));
+                }
+            }
+            Outcome::Busy(req) => {
+                requeue(self, req);
+                self.policy
+                    .on_release(now, &slot.meta, slot.kind, Release::Requeued);
+                self.busy_until = Some(now.saturating_add(self.cfg.busy_delay));
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets timers fire: BUSY back-off ends, policy waits expire. Call at or after
+    /// [`poll_timeout`](Self::poll_timeout), then poll for dispatches again.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        if self.busy_until.is_some_and(|t| t <= now) {
+            self.busy_until = None;
+        }
+        if self.wait_until.is_some_and(|t| t <= now) {
+            self.wait_until = None;
+        }
+    }
+
+    /// The next event, if any.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next, if anything is waiting
+    /// on time alone.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        match (self.busy_until, self.wait_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Sets the openings at run time (what `camcontrol tags -N` does), clamped to
+    /// `[min_tags, max_tags]`. Commands already at the device stay there.
+    pub fn set_openings(&mut self, openings: u32) {
+        self.set_openings_inner(openings);
+    }
+
+    /// Refuses further submits; queued requests still dispatch.
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// The current openings.
+    #[must_use]
+    pub fn openings(&self) -> u32 {
+        self.openings
+    }
+
+    /// Commands at the device.
+    #[must_use]
+    pub fn active_total(&self) -> u32 {
+        self.active.iter().sum()
+    }
+
+    /// Commands at the device of one class.
+    #[must_use]
+    pub fn active(&self, class: IoClass) -> u32 {
+        self.active[class.index()]
+    }
+
+    /// Requests waiting in the host queue.
+    #[must_use]
+    pub fn pending_len(&self) -> usize {
+        self.pending.iter().map(VecDeque::len).sum::<usize>() + self.head_of_queue.len()
+    }
+
+    /// The policy.
+    #[must_use]
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn config(&self) -> &QueueConfig {
+        &self.cfg
+    }
+
+    fn set_openings_inner(&mut self, openings: u32) {
+        let n = openings.clamp(self.cfg.min_tags, self.cfg.max_tags);
+        if n != self.openings {
+            self.openings = n;
+            self.events.push_back(Event::Openings { openings: n });
+        }
+    }
+
+    fn maybe_ramp(&mut self, now: Nanos) {
+        let Some(full) = self.last_full else { return };
+        let quiet = self.cfg.ramp_quiet;
+        if self.openings < self.cfg.max_tags
+            && now.saturating_sub(full) >= quiet
+            && now.saturating_sub(self.last_ramp) >= quiet
+        {
+            self.last_ramp = now;
+            self.set_openings_inner(self.openings + 1);
+        }
+    }
+
+    fn lowest_pending_epoch(&self) -> Option<u64> {
+        self.pending
+            .iter()
+            .chain(std::iter::once(&self.head_of_queue))
+            .filter_map(|q| q.front().map(|p| p.epoch))
+            .min()
+    }
+
+    /// Whether `p` may go to the device now under the ordering rules.
+    fn eligible(&self, p: &Pending<R>, low: u64) -> bool {
+        if p.epoch != low {
+            return false;
+        }
+        if self.cfg.device_orders {
+            return true;
+        }
+        if p.meta.kind == TagKind::Ordered {
+            self.active_total() == 0
+        } else {
+            self.active_ordered == 0
+        }
+    }
+
+    fn dispatch(&mut self, now: Nanos, p: Pending<R>, kind: TagKind) -> Dispatch<R> {
+        let tag = match self.free.pop() {
+            Some(t) => t,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        if let Some(s) = self.slots.get_mut(tag as usize) {
+            *s = Some(Slot {
+                ticket: p.ticket,
+                meta: p.meta,
+                kind,
+                submitted: p.submitted,
+                dispatched: now,
+                epoch: p.epoch,
+            });
+        }
+        self.active[p.meta.class.index()] += 1;
+        if kind == TagKind::Ordered {
+            self.active_ordered += 1;
+        }
+        self.policy.on_dispatch(now, &p.meta, kind);
+        Dispatch {
+            tag: Tag(tag),
+            ticket: p.ticket,
+            kind,
+            meta: p.meta,
+            req: p.req,
+        }
+    }
+}
