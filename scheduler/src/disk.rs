@@ -96,6 +96,7 @@ impl Profile {
                 mod15_fault: false,
                 ssd: None,
                 turnaround: 50_000,
+                destage_delay: 2_000_000,
             },
             Self::HddModern => DiskConfig {
                 capacity_sectors: 4_000_000_000_000 / 512,
@@ -115,6 +116,7 @@ impl Profile {
                 mod15_fault: false,
                 ssd: None,
                 turnaround: 20_000,
+                destage_delay: 2_000_000,
             },
             Self::Ssd => DiskConfig {
                 capacity_sectors: 1_000_000_000_000 / 512,
@@ -138,6 +140,7 @@ impl Profile {
                     suspend_ns: 20_000,
                 }),
                 turnaround: 5_000,
+                destage_delay: 0,
             },
         }
     }
@@ -192,6 +195,10 @@ pub struct DiskConfig {
     pub ssd: Option<SsdConfig>,
     /// Host turnaround each way (interrupt, driver), used by the simulation harness.
     pub turnaround: Nanos,
+    /// Background destage starts only after the head has been idle this long (drives
+    /// wait for idleness before background work); destage for a waiting write or a flush
+    /// starts at once.
+    pub destage_delay: Nanos,
 }
 
 impl DiskConfig {
@@ -296,6 +303,7 @@ pub struct DiskModel {
     seq: u64,
     head_track: u64,
     head: Option<(HeadOp, Nanos)>,
+    background_at: Option<Nanos>,
     bus_free: Nanos,
     dirty: VecDeque<(u64, u64)>,
     dirty_bytes: u64,
@@ -317,6 +325,7 @@ impl DiskModel {
             seq: 0,
             head_track: 0,
             head: None,
+            background_at: None,
             bus_free: 0,
             dirty: VecDeque::new(),
             dirty_bytes: 0,
@@ -412,7 +421,7 @@ impl DiskModel {
             .filter(|c| c.state != State::Waiting)
             .map(|c| c.done_at);
         let head = self.head.map(|(_, t)| t);
-        cmds.chain(head).min()
+        cmds.chain(head).chain(self.background_at).min()
     }
 
     /// Runs the disk up to `now` and returns the commands that finished (also those
@@ -426,6 +435,9 @@ impl DiskModel {
         while let Some(t) = self.next_internal().filter(|&t| t <= now) {
             self.now = self.now.max(t);
             // Finish the head operation.
+            if self.background_at.is_some_and(|b| b <= t) && self.head.is_some() {
+                self.background_at = None;
+            }
             if let Some((op, end)) = self.head {
                 if end <= t {
                     self.head = None;
@@ -568,19 +580,9 @@ impl DiskModel {
         if self.head.is_some() {
             return;
         }
-        // The head: destage first when a write waits for space or a flush is pending.
-        let urgent = self.window.iter().any(|c| {
-            c.state == State::Waiting
-                && self.eligible(c)
-                && match c.cmd.op {
-                    DiskOp::Write => c.cmd.sectors * 512 <= cache,
-                    DiskOp::Flush => true,
-                    DiskOp::Read => false,
-                }
-        });
-        if urgent && self.start_destage(now) {
-            return;
-        }
+        // The head: a head-of-queue command goes next; then destage when a write waits for
+        // space or a flush is pending; then the device's choice among host commands; then
+        // background destage once the head has been idle for `destage_delay`.
         let candidates: Vec<usize> = (0..self.window.len())
             .filter(|&i| {
                 let c = &self.window[i];
@@ -593,7 +595,23 @@ impl DiskModel {
                     }
             })
             .collect();
+        let hoq = candidates
+            .iter()
+            .any(|&i| self.window[i].cmd.kind == TagKind::HeadOfQueue);
+        let urgent = self.window.iter().any(|c| {
+            c.state == State::Waiting
+                && self.eligible(c)
+                && match c.cmd.op {
+                    DiskOp::Write => c.cmd.sectors * 512 <= cache,
+                    DiskOp::Flush => true,
+                    DiskOp::Read => false,
+                }
+        });
+        if !hoq && urgent && self.start_destage(now) {
+            return;
+        }
         if let Some(i) = self.pick(now, &candidates) {
+            self.background_at = None;
             let c = self.window[i];
             let end = now + self.positioning(now, c.cmd.lba) + self.transfer(c.cmd.sectors);
             let done = match c.cmd.op {
@@ -607,8 +625,20 @@ impl DiskModel {
             w.done_at = done;
             return;
         }
-        // Nothing needs the head: destage in the background.
-        self.start_destage(now);
+        if self.dirty.is_empty() {
+            self.background_at = None;
+            return;
+        }
+        match self.background_at {
+            Some(t) if t <= now => {
+                self.start_destage(now);
+            }
+            Some(_) => {}
+            None if self.cfg.destage_delay == 0 => {
+                self.start_destage(now);
+            }
+            None => self.background_at = Some(now + self.cfg.destage_delay),
+        }
     }
 
     fn head_busy_with_command(&self) -> bool {
@@ -619,6 +649,7 @@ impl DiskModel {
         let Some(&(lba, sectors)) = self.dirty.front() else {
             return false;
         };
+        self.background_at = None;
         let end = now + self.positioning(now, lba) + self.transfer(sectors);
         self.head_track = self.track(lba + sectors.saturating_sub(1));
         self.head = Some((HeadOp::Destage { sectors }, end));

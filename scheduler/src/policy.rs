@@ -42,12 +42,13 @@ impl View {
 /// A policy's decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
-    /// Dispatch the head of this class, ordered if `ordered`.
+    /// Dispatch the head of this class, with its own tag kind or promoted to `promote`
+    /// (an ordered barrier, or head-of-queue). A request submitted ordered stays ordered.
     Dispatch {
         /// Which class.
         class: IoClass,
-        /// Send it with an ordered tag (a barrier).
-        ordered: bool,
+        /// A stronger tag kind to send it with.
+        promote: Option<TagKind>,
     },
     /// Dispatch nothing now; ask again at `until` (or at the next event).
     Wait {
@@ -102,7 +103,7 @@ impl Policy for Fifo {
         match oldest(view.heads.iter().flatten().copied(), view) {
             Some(class) => Choice::Dispatch {
                 class,
-                ordered: false,
+                promote: None,
             },
             None => Choice::Wait { until: None },
         }
@@ -150,7 +151,10 @@ impl Policy for PeriodicOrdered {
         if ordered {
             self.last = view.now;
         }
-        Choice::Dispatch { class, ordered }
+        Choice::Dispatch {
+            class,
+            promote: ordered.then_some(TagKind::Ordered),
+        }
     }
 }
 
@@ -212,7 +216,7 @@ impl Policy for Deadline {
         match pick {
             Some(class) => Choice::Dispatch {
                 class,
-                ordered: false,
+                promote: None,
             },
             None => Choice::Wait { until: None },
         }
@@ -235,6 +239,13 @@ pub struct FairConfig {
     pub age: Nanos,
     /// Interactive I/O counts as active this long after its last request.
     pub idle_after: Nanos,
+    /// Bulk tags allowed while an interactive request is queued or at the device (0: bulk
+    /// waits, as BFQ idles for a synchronous reader).
+    pub bulk_in_flight: u32,
+    /// After an interactive request completes, bulk keeps to `bulk_in_flight` this long
+    /// more, so a reader's next dependent request finds the device free (BFQ's
+    /// `slice_idle` idea; a login is a chain of such reads).
+    pub anticipate: Nanos,
     /// Per-class deadlines: a head older than its class's deadline goes before
     /// higher classes (no class starves). Indexed by [`IoClass::index`].
     pub deadlines: [Nanos; 4],
@@ -251,7 +262,9 @@ impl Default for FairConfig {
             bulk_max: 16,
             target: 50_000_000,
             age: 200_000_000,
-            idle_after: 1_000_000_000,
+            idle_after: 5_000_000_000,
+            bulk_in_flight: 0,
+            anticipate: 2_000_000,
             deadlines: [0, 500_000_000, 2_000_000_000, 10_000_000_000],
             probe: 30_000_000_000,
         }
@@ -278,6 +291,7 @@ pub struct Fair {
     ceiling_since: Nanos,
     good: u32,
     last_interactive: Option<Nanos>,
+    last_interactive_done: Option<Nanos>,
     barrier_out: bool,
 }
 
@@ -292,6 +306,7 @@ impl Fair {
             cfg,
             good: 0,
             last_interactive: None,
+            last_interactive_done: None,
             barrier_out: false,
         }
     }
@@ -331,16 +346,24 @@ impl Policy for Fair {
         if let Some((_, class)) = overdue {
             return Choice::Dispatch {
                 class,
-                ordered: false,
+                promote: None,
             };
         }
+        let lower_at_device: u32 = view.active[1..].iter().sum();
         if view.heads[IoClass::Interactive.index()].is_some() {
+            // Lower classes hold tags at the device: ask the device to run this next.
             return Choice::Dispatch {
                 class: IoClass::Interactive,
-                ordered: false,
+                promote: (lower_at_device > 0).then_some(TagKind::HeadOfQueue),
             };
         }
         let active = self.interactive_active(view);
+        let i = IoClass::Interactive.index();
+        let anticipating = self
+            .last_interactive_done
+            .map(|t| t.saturating_add(self.cfg.anticipate))
+            .filter(|&t| t > now);
+        let in_flight = view.pending[i] > 0 || view.active[i] > 0 || anticipating.is_some();
         let others: u32 = view.active[1..].iter().sum();
         let room = if active {
             view.openings.saturating_sub(self.cfg.reserved.min(view.openings.saturating_sub(1)))
@@ -355,6 +378,7 @@ impl Policy for Fair {
                 continue;
             }
             let limit = match class {
+                IoClass::Bulk if in_flight => self.cfg.bulk_in_flight,
                 IoClass::Bulk if active => self.bulk_limit,
                 IoClass::Idle if active || view.pending[..3].iter().any(|&n| n > 0) => 0,
                 _ => u32::MAX,
@@ -366,7 +390,10 @@ impl Policy for Fair {
             if ordered {
                 self.barrier_out = true;
             }
-            return Choice::Dispatch { class, ordered };
+            return Choice::Dispatch {
+                class,
+                promote: ordered.then_some(TagKind::Ordered),
+            };
         }
         // Nothing may go now: ask again when a deadline or the idle window passes.
         let deadline = IoClass::ALL[1..]
@@ -380,12 +407,8 @@ impl Policy for Fair {
             .last_interactive
             .map(|t| t.saturating_add(self.cfg.idle_after))
             .filter(|&t| t > now);
-        Choice::Wait {
-            until: match (deadline, idle_end) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            },
-        }
+        let until = [deadline, idle_end, anticipating].into_iter().flatten().min();
+        Choice::Wait { until }
     }
 
     fn on_submit(&mut self, now: Nanos, meta: &Meta) {
@@ -402,6 +425,9 @@ impl Policy for Fair {
             return;
         }
         self.last_interactive = Some(now);
+        if matches!(how, Release::Done { .. } | Release::Failed) {
+            self.last_interactive_done = Some(now);
+        }
         let floor = self.cfg.bulk_min.max(1);
         if let Release::Done { device_ns } = how {
             if device_ns > self.cfg.target {

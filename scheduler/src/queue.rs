@@ -242,16 +242,20 @@ impl<R, P: Policy> TagQueue<R, P> {
         };
         self.wait_until = None;
         match self.policy.choose(&view) {
-            Choice::Dispatch { class, ordered } => {
+            Choice::Dispatch { class, promote } => {
                 if heads[class.index()].is_none() {
                     return None;
                 }
+                let ordered = promote == Some(TagKind::Ordered);
                 if ordered && !self.cfg.device_orders && self.active_total() > 0 {
                     self.drain_for = Some(class);
                     return None;
                 }
                 let p = self.pending[class.index()].pop_front()?;
-                let kind = if ordered { TagKind::Ordered } else { p.meta.kind };
+                let kind = match (p.meta.kind, promote) {
+                    (TagKind::Ordered, _) | (_, None) => p.meta.kind,
+                    (_, Some(k)) => k,
+                };
                 let d = self.dispatch(now, p, kind);
                 if ordered && d.meta.kind != TagKind::Ordered {
                     self.events.push_back(Event::Barrier { ticket: d.ticket });

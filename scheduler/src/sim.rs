@@ -312,6 +312,10 @@ impl Sim {
         // which may dispatch at once: go round until nothing moves.
         loop {
             let mut moved = false;
+            while let Some(e) = self.queue.poll_event() {
+                moved = true;
+                self.handle_event(now, e);
+            }
             while let Some(d) = self.queue.poll_dispatch(now) {
                 moved = true;
                 let mut req = d.req;
@@ -319,10 +323,6 @@ impl Sim {
                 self.dispatched.insert(d.tag.0, now);
                 self.at_device.insert(d.tag.0, d.ticket.0);
                 self.at(now + self.turnaround, Ev::ToDevice { tag: d.tag.0, req });
-            }
-            while let Some(e) = self.queue.poll_event() {
-                moved = true;
-                self.handle_event(now, e);
             }
             if !moved {
                 break;
@@ -549,14 +549,17 @@ pub fn scheduler_setup(
 }
 
 /// tagstripe's policy settings derived from the unloaded run, as §5.2 suggests: a device
-/// latency target of 2× and a barrier age of 4× the unloaded p99.
+/// latency target of 2× and a barrier age of 4× the unloaded p99, and an anticipation window
+/// of half the unloaded p99 (at most the default 2 ms), so fast devices are not held idle.
 #[must_use]
 pub fn fair_config_from(unloaded: &RunResult) -> FairConfig {
     let p99 = unloaded.interactive.p99.max(1);
+    let d = FairConfig::default();
     FairConfig {
         target: 2 * p99,
         age: 4 * p99,
-        ..FairConfig::default()
+        anticipate: (p99 / 2).min(d.anticipate),
+        ..d
     }
 }
 
