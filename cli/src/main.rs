@@ -16,6 +16,7 @@ macro_rules! outln {
     };
 }
 
+mod bench;
 mod map;
 mod quirks;
 mod split;
@@ -36,6 +37,8 @@ enum Command {
     Split(split::SplitArgs),
     /// List the quirk table with sources, or show what applies to a device and why.
     Quirks(quirks::QuirksArgs),
+    /// Benchmarks: the fairness story on the simulated disk.
+    Bench(bench::BenchArgs),
 }
 
 /// Exit code for usage errors and refused configurations (clap uses the same).
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Map(args) => map::run(&args),
         Command::Split(args) => split::run(&args),
         Command::Quirks(args) => quirks::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 

@@ -5,7 +5,10 @@ use tagstripe_scheduler::{Profile, sim};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let profile = args.next().and_then(|p| Profile::parse(&p)).unwrap_or(Profile::Hdd1998);
+    let profile = args
+        .next()
+        .and_then(|p| Profile::parse(&p))
+        .unwrap_or(Profile::Hdd1998);
     let seconds = args.next().and_then(|s| s.parse().ok()).unwrap_or(60);
     let seed = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
     let r = sim::report(profile, seconds, seed);

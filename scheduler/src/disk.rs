@@ -9,7 +9,7 @@
 //! [`DiskModel::next_event`] says when the disk next has something to report, and
 //! [`DiskModel::advance`] runs it up to a time and returns the completions.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::{Error, Nanos, TagKind};
 
@@ -285,14 +285,16 @@ enum HeadOp {
 /// The disk model; see the module docs.
 ///
 /// ```
-/// use tagstripe_scheduler::{DiskModel, Profile};
+/// use tagstripe_scheduler::{DiskEvent, DiskModel, Profile};
 /// use tagstripe_scheduler::sim::read;
 /// let mut d = DiskModel::new(Profile::Hdd1998.config());
 /// d.submit(0, 0, read(1_000_000, 8))?;
-/// let t = d.next_event().unwrap();
-/// let done = d.advance(t);
-/// assert_eq!(done.len(), 1);
-/// assert!(t > 2_000_000 && t < 40_000_000, "one random read: seek + rotation + transfer");
+/// let mut done = Vec::new();
+/// while let Some(t) = d.next_event() {
+///     done.extend(d.advance(t));
+/// }
+/// let [DiskEvent::Completed { tag: 0, at, ok: true }] = done[..] else { panic!("{done:?}") };
+/// assert!(at > 2_000_000 && at < 40_000_000, "one random read: seek + rotation + transfer");
 /// # Ok::<(), tagstripe_scheduler::Error>(())
 /// ```
 #[derive(Debug)]
@@ -306,6 +308,8 @@ pub struct DiskModel {
     background_at: Option<Nanos>,
     bus_free: Nanos,
     dirty: VecDeque<(u64, u64)>,
+    /// The same extents by start sector (with a count for repeated writes), for cache hits.
+    dirty_index: BTreeMap<(u64, u64), u32>,
     dirty_bytes: u64,
     dies_free: Vec<Nanos>,
     tracks: u64,
@@ -328,6 +332,7 @@ impl DiskModel {
             background_at: None,
             bus_free: 0,
             dirty: VecDeque::new(),
+            dirty_index: BTreeMap::new(),
             dirty_bytes: 0,
             dies_free: vec![0; dies],
             done: Vec::new(),
@@ -442,7 +447,14 @@ impl DiskModel {
                 if end <= t {
                     self.head = None;
                     if let HeadOp::Destage { sectors } = op {
-                        self.dirty.pop_front();
+                        if let Some(extent) = self.dirty.pop_front() {
+                            if let Some(n) = self.dirty_index.get_mut(&extent) {
+                                *n -= 1;
+                                if *n == 0 {
+                                    self.dirty_index.remove(&extent);
+                                }
+                            }
+                        }
                         self.dirty_bytes = self.dirty_bytes.saturating_sub(sectors * 512);
                     }
                 }
@@ -471,22 +483,27 @@ impl DiskModel {
         self.now = self.now.max(now);
     }
 
-    /// Whether `c` may start: ordered and head-of-queue rules.
-    fn eligible(&self, c: &Cmd) -> bool {
-        if c.cmd.kind == TagKind::HeadOfQueue {
-            return true;
-        }
-        let earlier_ordered = self
+    /// The window's ordering facts, computed once per scheduling pass.
+    fn order_facts(&self) -> (u64, u64) {
+        let first = self.window.iter().map(|c| c.seq).min().unwrap_or(0);
+        let first_ordered = self
             .window
             .iter()
-            .any(|o| o.seq < c.seq && o.cmd.kind == TagKind::Ordered);
-        if earlier_ordered {
-            return false;
+            .filter(|c| c.cmd.kind == TagKind::Ordered)
+            .map(|c| c.seq)
+            .min()
+            .unwrap_or(u64::MAX);
+        (first, first_ordered)
+    }
+
+    /// Whether `c` may start under the ordered and head-of-queue rules, given
+    /// [`order_facts`](Self::order_facts).
+    fn eligible(c: &Cmd, (first, first_ordered): (u64, u64)) -> bool {
+        match c.cmd.kind {
+            TagKind::HeadOfQueue => true,
+            TagKind::Ordered => c.seq == first,
+            TagKind::Simple => c.seq < first_ordered,
         }
-        if c.cmd.kind == TagKind::Ordered {
-            return !self.window.iter().any(|o| o.seq < c.seq);
-        }
-        true
     }
 
     fn bus_time(&self, sectors: u64) -> Nanos {
@@ -533,9 +550,12 @@ impl DiskModel {
 
     fn read_hits_cache(&self, c: &DiskCommand) -> bool {
         let end = c.lba + c.sectors;
-        self.dirty
-            .iter()
-            .any(|&(l, n)| l <= c.lba && end <= l + n)
+        // The extent starting closest below the read; extents a writer leaves do not
+        // overlap, so that is the one that could hold it.
+        self.dirty_index
+            .range(..=(c.lba, u64::MAX))
+            .next_back()
+            .is_some_and(|(&(l, n), _)| end <= l + n)
     }
 
     /// Starts whatever can start at `now`.
@@ -545,12 +565,13 @@ impl DiskModel {
             return;
         }
         let cache = self.cache_bytes();
+        let mut facts = self.order_facts();
         // Writes into the cache and reads served from it, in arrival order.
         let mut order: Vec<usize> = (0..self.window.len()).collect();
         order.sort_by_key(|&i| self.window[i].seq);
         for i in order {
             let c = self.window[i];
-            if c.state != State::Waiting || !self.eligible(&c) {
+            if c.state != State::Waiting || !Self::eligible(&c, facts) {
                 continue;
             }
             let bytes = c.cmd.sectors * 512;
@@ -559,6 +580,10 @@ impl DiskModel {
             let done = match c.cmd.op {
                 DiskOp::Write if fits && self.dirty_bytes + bytes <= cache => {
                     self.dirty.push_back((c.cmd.lba, c.cmd.sectors));
+                    *self
+                        .dirty_index
+                        .entry((c.cmd.lba, c.cmd.sectors))
+                        .or_insert(0) += 1;
                     self.dirty_bytes += bytes;
                     Some(start + self.bus_time(c.cmd.sectors))
                 }
@@ -580,6 +605,7 @@ impl DiskModel {
         if self.head.is_some() {
             return;
         }
+        facts = self.order_facts();
         // The head: a head-of-queue command goes next; then destage when a write waits for
         // space or a flush is pending; then the device's choice among host commands; then
         // background destage once the head has been idle for `destage_delay`.
@@ -587,7 +613,7 @@ impl DiskModel {
             .filter(|&i| {
                 let c = &self.window[i];
                 c.state == State::Waiting
-                    && self.eligible(c)
+                    && Self::eligible(c, facts)
                     && match c.cmd.op {
                         DiskOp::Read => true,
                         DiskOp::Write => c.cmd.sectors * 512 > cache,
@@ -600,14 +626,21 @@ impl DiskModel {
             .any(|&i| self.window[i].cmd.kind == TagKind::HeadOfQueue);
         let urgent = self.window.iter().any(|c| {
             c.state == State::Waiting
-                && self.eligible(c)
+                && Self::eligible(c, facts)
                 && match c.cmd.op {
                     DiskOp::Write => c.cmd.sectors * 512 <= cache,
                     DiskOp::Flush => true,
                     DiskOp::Read => false,
                 }
         });
-        if !hoq && urgent && self.start_destage(now) {
+        // A command past the drive's aging limit goes before destage too.
+        let aged = match self.cfg.order {
+            DeviceOrder::Sptf { aging: Some(a) } => candidates
+                .iter()
+                .any(|&i| now.saturating_sub(self.window[i].arrival) >= a),
+            _ => false,
+        };
+        if !hoq && !aged && urgent && self.start_destage(now) {
             return;
         }
         if let Some(i) = self.pick(now, &candidates) {
@@ -666,7 +699,12 @@ impl DiskModel {
         if hoq.is_some() {
             return hoq;
         }
-        let by_arrival = || candidates.iter().copied().min_by_key(|&i| self.window[i].seq);
+        let by_arrival = || {
+            candidates
+                .iter()
+                .copied()
+                .min_by_key(|&i| self.window[i].seq)
+        };
         match self.cfg.order {
             DeviceOrder::Fifo => by_arrival(),
             DeviceOrder::Sptf { aging } => {
@@ -679,7 +717,10 @@ impl DiskModel {
                 });
                 forced.or_else(|| {
                     candidates.iter().copied().min_by_key(|&i| {
-                        (self.positioning(now, self.window[i].cmd.lba), self.window[i].seq)
+                        (
+                            self.positioning(now, self.window[i].cmd.lba),
+                            self.window[i].seq,
+                        )
                     })
                 })
             }
@@ -698,11 +739,12 @@ impl DiskModel {
     /// a read suspends a program in progress.
     fn schedule_ssd(&mut self, now: Nanos) {
         let Some(ssd) = self.cfg.ssd else { return };
+        let facts = self.order_facts();
         let mut order: Vec<usize> = (0..self.window.len()).collect();
         order.sort_by_key(|&i| self.window[i].seq);
         for i in order {
             let c = self.window[i];
-            if c.state != State::Waiting || !self.eligible(&c) {
+            if c.state != State::Waiting || !Self::eligible(&c, facts) {
                 continue;
             }
             let first = c.cmd.lba / ssd.page_sectors;

@@ -17,7 +17,9 @@ pub enum Error {
         tag: u32,
     },
     /// A command past the end of the modelled disk, or of zero length.
-    #[error("command at sector {lba} of {sectors} sectors is outside the disk ({capacity} sectors)")]
+    #[error(
+        "command at sector {lba} of {sectors} sectors is outside the disk ({capacity} sectors)"
+    )]
     OutOfRange {
         /// First sector.
         lba: u64,

@@ -39,6 +39,5 @@ pub use policy::{
 pub use queue::{QueueConfig, TagQueue};
 pub use rng::Rng;
 pub use types::{
-    Dir, Dispatch, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind,
-    Ticket,
+    Dir, Dispatch, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind, Ticket,
 };

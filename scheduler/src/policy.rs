@@ -339,7 +339,9 @@ impl Policy for Fair {
             .iter()
             .filter_map(|&c| {
                 let h = view.heads[c.index()]?;
-                let late = now.saturating_sub(h.submitted).checked_sub(self.cfg.deadlines[c.index()])?;
+                let late = now
+                    .saturating_sub(h.submitted)
+                    .checked_sub(self.cfg.deadlines[c.index()])?;
                 Some((late, c))
             })
             .max_by_key(|&(late, c)| (late, std::cmp::Reverse(c)));
@@ -366,7 +368,8 @@ impl Policy for Fair {
         let in_flight = view.pending[i] > 0 || view.active[i] > 0 || anticipating.is_some();
         let others: u32 = view.active[1..].iter().sum();
         let room = if active {
-            view.openings.saturating_sub(self.cfg.reserved.min(view.openings.saturating_sub(1)))
+            view.openings
+                .saturating_sub(self.cfg.reserved.min(view.openings.saturating_sub(1)))
         } else {
             view.openings
         };
@@ -407,7 +410,10 @@ impl Policy for Fair {
             .last_interactive
             .map(|t| t.saturating_add(self.cfg.idle_after))
             .filter(|&t| t > now);
-        let until = [deadline, idle_end, anticipating].into_iter().flatten().min();
+        let until = [deadline, idle_end, anticipating]
+            .into_iter()
+            .flatten()
+            .min();
         Choice::Wait { until }
     }
 
@@ -439,8 +445,7 @@ impl Policy for Fair {
             } else if device_ns < self.cfg.target / 2 {
                 self.good += 1;
                 let max = self.cfg.bulk_max.max(1);
-                if now.saturating_sub(self.ceiling_since) >= self.cfg.probe && self.ceiling < max
-                {
+                if now.saturating_sub(self.ceiling_since) >= self.cfg.probe && self.ceiling < max {
                     self.ceiling += 1;
                     self.ceiling_since = now;
                 }

@@ -243,9 +243,7 @@ impl<R, P: Policy> TagQueue<R, P> {
         self.wait_until = None;
         match self.policy.choose(&view) {
             Choice::Dispatch { class, promote } => {
-                if heads[class.index()].is_none() {
-                    return None;
-                }
+                heads[class.index()]?;
                 let ordered = promote == Some(TagKind::Ordered);
                 if ordered && !self.cfg.device_orders && self.active_total() > 0 {
                     self.drain_for = Some(class);
@@ -299,11 +297,15 @@ impl<R, P: Policy> TagQueue<R, P> {
                 submitted: slot.submitted,
                 epoch: slot.epoch,
             };
-            if slot.meta.kind == TagKind::HeadOfQueue {
-                q.head_of_queue.push_front(p);
+            // Back in ticket order, so each queue stays sorted and its front has the
+            // lowest epoch (several requests may come back out of order).
+            let queue = if slot.meta.kind == TagKind::HeadOfQueue {
+                &mut q.head_of_queue
             } else {
-                q.pending[class].push_front(p);
-            }
+                &mut q.pending[class]
+            };
+            let at = queue.partition_point(|x| x.ticket < p.ticket);
+            queue.insert(at, p);
         };
         match outcome {
             Outcome::Done | Outcome::Failed => {

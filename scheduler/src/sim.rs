@@ -8,8 +8,8 @@ use std::collections::{BinaryHeap, HashMap};
 
 use crate::disk::{DiskCommand, DiskEvent, DiskOp};
 use crate::{
-    Deadline, Dir, DiskModel, Event, Fair, FairConfig, Fifo, IoClass, Meta, Nanos, Outcome,
-    PeriodicOrdered, Policy, Profile, QueueConfig, Rng, Tag, TagKind, TagQueue,
+    Deadline, Dir, DiskConfig, DiskModel, Event, Fair, FairConfig, Fifo, IoClass, Meta, Nanos,
+    Outcome, PeriodicOrdered, Policy, Profile, QueueConfig, Rng, Tag, TagKind, TagQueue,
 };
 
 /// A 4 KiB-aligned read command (for examples and tests).
@@ -117,6 +117,8 @@ pub struct Scenario {
     pub chain_every: Nanos,
     /// Reads per chain.
     pub chain_len: u32,
+    /// The disk's parameters, if not the profile's own.
+    pub disk: Option<DiskConfig>,
 }
 
 impl Scenario {
@@ -134,9 +136,14 @@ impl Scenario {
             chains: true,
             bulk_depth: 64,
             bulk_sectors: 128,
-            read_rate: if profile == Profile::Ssd { 1000.0 } else { 10.0 },
+            read_rate: if profile == Profile::Ssd {
+                1000.0
+            } else {
+                10.0
+            },
             chain_every: 2_000_000_000,
             chain_len: 20,
+            disk: None,
         }
     }
 }
@@ -412,7 +419,9 @@ impl Sim {
                 }
                 continue;
             }
-            let Some(Reverse(s)) = self.events.pop() else { break };
+            let Some(Reverse(s)) = self.events.pop() else {
+                break;
+            };
             match s.ev {
                 Ev::ReadArrival => {
                     let cmd = self.random_read();
@@ -484,7 +493,7 @@ impl Sim {
 /// Runs one scenario under one policy and queue configuration.
 #[must_use]
 pub fn run_with(scn: &Scenario, cfg: QueueConfig, policy: Box<dyn Policy>) -> RunResult {
-    let disk_cfg = scn.profile.config();
+    let disk_cfg = scn.disk.unwrap_or_else(|| scn.profile.config());
     let cap = disk_cfg.capacity_sectors;
     let sim = Sim {
         scn: *scn,
@@ -622,9 +631,23 @@ pub fn report(profile: Profile, seconds: u64, seed: u64) -> Report {
         r
     };
     let default = FairConfig::default();
-    let mut unloaded = run(Scheduler::Fifo, &Scenario { bulk: false, ..reader }, default);
+    let mut unloaded = run(
+        Scheduler::Fifo,
+        &Scenario {
+            bulk: false,
+            ..reader
+        },
+        default,
+    );
     unloaded.scheduler = "unloaded";
-    let mut unloaded_chains = run(Scheduler::Fifo, &Scenario { bulk: false, ..chains }, default);
+    let mut unloaded_chains = run(
+        Scheduler::Fifo,
+        &Scenario {
+            bulk: false,
+            ..chains
+        },
+        default,
+    );
     unloaded_chains.scheduler = "unloaded";
     let fair = fair_config_from(&unloaded);
     let rows = Scheduler::ALL

@@ -1,0 +1,148 @@
+//! `tagstripe bench`: the seed stories as benchmarks.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+use tagstripe_scheduler::{Nanos, Profile, sim};
+
+use crate::fail;
+
+/// Arguments of `tagstripe bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// A bulk writer and an interactive reader under each scheduler (reference/scheduling.md
+    /// §5): unloaded, fifo, cam1998, maxtags2, deadline and tagstripe.
+    Fairness(FairnessArgs),
+}
+
+/// Arguments of `tagstripe bench fairness`.
+#[derive(Debug, Args)]
+pub(crate) struct FairnessArgs {
+    /// Run the deterministic simulation (a disk model on a virtual clock).
+    #[arg(long)]
+    sim: bool,
+    /// The simulated disk: hdd-1998, hdd-modern or ssd.
+    #[arg(long, default_value = "hdd-1998", value_parser = parse_profile)]
+    profile: Profile,
+    /// Simulated seconds per run (the first 5 are warm-up).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(10..=3600))]
+    seconds: u64,
+    /// Seed of the workload's random choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_profile(s: &str) -> Result<Profile, String> {
+    Profile::parse(s).ok_or_else(|| format!("{s:?}: expected hdd-1998, hdd-modern or ssd"))
+}
+
+pub(crate) fn run(args: &BenchArgs) -> ExitCode {
+    match &args.what {
+        BenchCommand::Fairness(f) => fairness(f),
+    }
+}
+
+fn ms(n: Nanos) -> f64 {
+    (n as f64 / 1e4).round() / 100.0
+}
+
+fn mb(bytes_per_sec: f64) -> f64 {
+    (bytes_per_sec / 1e4).round() / 100.0
+}
+
+fn fairness(args: &FairnessArgs) -> ExitCode {
+    if !args.sim {
+        return fail(
+            "bench fairness",
+            "live_unavailable",
+            "the live run on a volume comes with the async stack; use --sim for the simulation",
+            args.json,
+        );
+    }
+    let r = sim::report(args.profile, args.seconds, args.seed);
+    let u = &r.unloaded.interactive;
+    let chain_ms = ms(r.unloaded_chains.chains.p99);
+    if args.json {
+        let runs: Vec<_> = r
+            .rows
+            .iter()
+            .map(|row| {
+                let i = &row.with_reader.interactive;
+                json!({
+                    "scheduler": row.scheduler,
+                    "interactive": {"p50_ms": ms(i.p50), "p99_ms": ms(i.p99), "max_ms": ms(i.max)},
+                    "interactive_device_p99_ms": ms(row.with_reader.interactive_device.p99),
+                    "chain_p99_ms": ms(row.with_chains.chains.p99),
+                    "bulk_mb_s": mb(row.with_reader.bulk_bytes_per_sec),
+                    "bulk_idle_mb_s": mb(row.bulk_idle_bytes_per_sec),
+                    "barriers": row.with_reader.barriers,
+                    "min_openings": row.with_reader.min_openings,
+                })
+            })
+            .collect();
+        outln!(
+            "{}",
+            json!({
+                "profile": args.profile.name(),
+                "seconds": args.seconds,
+                "seed": args.seed,
+                "unloaded": {"p50_ms": ms(u.p50), "p99_ms": ms(u.p99), "max_ms": ms(u.max), "chain_ms": chain_ms},
+                "runs": runs,
+            })
+        );
+        return ExitCode::SUCCESS;
+    }
+    outln!(
+        "fairness on {} ({} s simulated, seed {}): one sequential 64 KiB writer at QD 64, QD-1 4 KiB random reads, 20-read login chains",
+        args.profile.name(),
+        args.seconds,
+        args.seed
+    );
+    outln!(
+        "{:<10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10}",
+        "scheduler",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "chain p99",
+        "bulk MB/s",
+        "idle MB/s"
+    );
+    outln!(
+        "{:<10} {:>10.2} {:>10.2} {:>10.2} {:>12.1} {:>10} {:>10}",
+        "unloaded",
+        ms(u.p50),
+        ms(u.p99),
+        ms(u.max),
+        chain_ms,
+        "-",
+        "-"
+    );
+    for row in &r.rows {
+        let i = &row.with_reader.interactive;
+        outln!(
+            "{:<10} {:>10.2} {:>10.2} {:>10.2} {:>12.1} {:>10.2} {:>10.2}",
+            row.scheduler,
+            ms(i.p50),
+            ms(i.p99),
+            ms(i.max),
+            ms(row.with_chains.chains.p99),
+            mb(row.with_reader.bulk_bytes_per_sec),
+            mb(row.bulk_idle_bytes_per_sec)
+        );
+    }
+    outln!(
+        "latencies run from submission to completion; reads still waiting at the end count with the time waited"
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,232 @@
+//! The queue against a reference model: random operation sequences under every policy,
+//! checked after every step.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use proptest::prelude::*;
+use tagstripe_scheduler::{
+    Deadline, Dir, Event, Fair, FairConfig, Fifo, IoClass, Meta, Outcome, PeriodicOrdered, Policy,
+    QueueConfig, TagKind, TagQueue,
+};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit(u8, u8, bool),
+    Dispatch,
+    Complete(usize, u8),
+    Advance(u64),
+    SetOpenings(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..4, 0u8..10, any::<bool>()).prop_map(|(c, k, w)| Op::Submit(c, k, w)),
+        3 => Just(Op::Dispatch),
+        3 => (any::<usize>(), 0u8..10).prop_map(|(i, o)| Op::Complete(i, o)),
+        1 => (0u64..3_000_000_000).prop_map(Op::Advance),
+        1 => (0u32..20).prop_map(Op::SetOpenings),
+    ]
+}
+
+fn policy(n: u8) -> Box<dyn Policy> {
+    match n % 4 {
+        0 => Box::new(Fifo),
+        1 => Box::new(Deadline::default()),
+        2 => Box::new(PeriodicOrdered::new(1_000_000_000)),
+        _ => Box::new(Fair::new(FairConfig::default())),
+    }
+}
+
+/// What the reference model knows of one request.
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    ordered: bool,
+    done: bool,
+    out: bool,
+}
+
+struct Harness {
+    q: TagQueue<u64, Box<dyn Policy>>,
+    device_orders: bool,
+    now: u64,
+    known: BTreeMap<u64, Known>,
+    active: Vec<(tagstripe_scheduler::Tag, u64)>,
+    finished: HashMap<u64, u32>,
+}
+
+impl Harness {
+    fn dispatch(&mut self) -> Result<(), TestCaseError> {
+        loop {
+            let before = self.q.active_total();
+            let openings = self.q.openings();
+            let Some(d) = self.q.poll_dispatch(self.now) else {
+                return Ok(());
+            };
+            prop_assert!(
+                before < openings,
+                "dispatched with {} active of {} openings",
+                before,
+                openings
+            );
+            prop_assert!(
+                !self.active.iter().any(|(t, _)| *t == d.tag),
+                "tag {:?} dispatched twice",
+                d.tag
+            );
+            let t = d.ticket.0;
+            prop_assert_eq!(d.req, t);
+            let k = self.known[&t];
+            prop_assert!(
+                !k.done && !k.out,
+                "ticket {} dispatched while done or out",
+                t
+            );
+            // Ordered rules, against submission order.
+            for (&o, ko) in self.known.range(..t) {
+                if ko.ordered {
+                    prop_assert!(
+                        ko.done || (self.device_orders && ko.out),
+                        "ticket {} passed ordered {}",
+                        t,
+                        o
+                    );
+                }
+                if k.ordered {
+                    prop_assert!(
+                        ko.done || (self.device_orders && ko.out),
+                        "ordered {} went before {} finished",
+                        t,
+                        o
+                    );
+                }
+            }
+            if k.ordered && !self.device_orders {
+                prop_assert!(
+                    self.active.is_empty(),
+                    "ordered {} dispatched with commands out",
+                    t
+                );
+            }
+            if !self.device_orders && self.active.iter().any(|(_, a)| self.known[a].ordered) {
+                prop_assert!(false, "{} dispatched while an ordered command is out", t);
+            }
+            if let Some(x) = self.known.get_mut(&t) {
+                x.out = true;
+            }
+            self.active.push((d.tag, t));
+        }
+    }
+
+    fn complete(&mut self, i: usize, o: u8) -> Result<(), TestCaseError> {
+        if self.active.is_empty() {
+            return Ok(());
+        }
+        let (tag, t) = self.active.remove(i % self.active.len());
+        let outcome = match o {
+            0..=5 => Outcome::Done,
+            6 => Outcome::Failed,
+            7 | 8 => Outcome::QueueFull(t),
+            _ => Outcome::Busy(t),
+        };
+        let back = matches!(outcome, Outcome::QueueFull(_) | Outcome::Busy(_));
+        prop_assert!(self.q.handle_completion(self.now, tag, outcome).is_ok());
+        prop_assert!(
+            self.q
+                .handle_completion(self.now, tag, Outcome::Done)
+                .is_err(),
+            "second completion accepted"
+        );
+        if let Some(x) = self.known.get_mut(&t) {
+            x.out = false;
+            x.done = !back;
+        }
+        Ok(())
+    }
+
+    fn events(&mut self) -> Result<(), TestCaseError> {
+        while let Some(e) = self.q.poll_event() {
+            match e {
+                Event::Completed { ticket, .. } | Event::Failed { ticket } => {
+                    *self.finished.entry(ticket.0).or_default() += 1;
+                }
+                Event::Openings { openings } => {
+                    let c = self.q.config();
+                    prop_assert!(openings >= c.min_tags && openings <= c.max_tags);
+                }
+                Event::Barrier { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn queue_matches_reference_model(
+        ops in prop::collection::vec(op(), 1..200),
+        p in any::<u8>(),
+        device_orders in any::<bool>(),
+        max_tags in 1u32..12,
+    ) {
+        let cfg = QueueConfig {
+            max_tags,
+            min_tags: 1 + max_tags / 4,
+            device_orders,
+            busy_delay: 1_000_000,
+            ramp_quiet: 10_000_000,
+            ..QueueConfig::default()
+        };
+        let mut h = Harness {
+            q: TagQueue::new(cfg, policy(p)),
+            device_orders,
+            now: 0,
+            known: BTreeMap::new(),
+            active: Vec::new(),
+            finished: HashMap::new(),
+        };
+        for op in ops {
+            match op {
+                Op::Submit(c, k, w) => {
+                    let class = IoClass::ALL[c as usize];
+                    let kind = match k { 0 => TagKind::Ordered, 1 => TagKind::HeadOfQueue, _ => TagKind::Simple };
+                    let meta = Meta::new(class, if w { Dir::Write } else { Dir::Read }).with_kind(kind);
+                    let t = h.known.len() as u64;
+                    let got = h.q.submit(h.now, t, meta).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(got.0, t);
+                    h.known.insert(t, Known { ordered: kind == TagKind::Ordered, done: false, out: false });
+                }
+                Op::Dispatch => h.dispatch()?,
+                Op::Complete(i, o) => h.complete(i, o)?,
+                Op::Advance(dt) => {
+                    h.now += dt;
+                    h.q.handle_timeout(h.now);
+                }
+                Op::SetOpenings(n) => h.q.set_openings(n),
+            }
+            h.events()?;
+        }
+        // Drain: everything submitted completes exactly once.
+        let mut rounds = 0;
+        while h.known.values().any(|k| !k.done) {
+            rounds += 1;
+            prop_assert!(rounds < 100_000, "queue does not drain");
+            h.dispatch()?;
+            if h.active.is_empty() {
+                h.now += 1_000_000_000;
+                h.q.handle_timeout(h.now);
+                continue;
+            }
+            h.complete(0, 0)?;
+            h.now += 1_000;
+            h.events()?;
+        }
+        h.events()?;
+        let all: BTreeSet<u64> = h.known.keys().copied().collect();
+        let finished: BTreeSet<u64> = h.finished.keys().copied().collect();
+        prop_assert_eq!(all, finished);
+        prop_assert!(h.finished.values().all(|&n| n == 1), "a ticket finished twice");
+        prop_assert_eq!(h.q.pending_len(), 0);
+    }
+}
