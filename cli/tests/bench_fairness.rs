@@ -7,10 +7,25 @@ use serde_json::Value;
 #[test]
 fn fairness_sim_json_has_every_baseline() {
     let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
-        .args(["bench", "fairness", "--sim", "--profile", "hdd-1998", "--seconds", "20", "--seed", "3", "--json"])
+        .args([
+            "bench",
+            "fairness",
+            "--sim",
+            "--profile",
+            "hdd-1998",
+            "--seconds",
+            "20",
+            "--seed",
+            "3",
+            "--json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["profile"], "hdd-1998");
     assert_eq!(v["seconds"], 20);
@@ -18,17 +33,32 @@ fn fairness_sim_json_has_every_baseline() {
     for k in ["p50_ms", "p99_ms", "max_ms", "chain_ms"] {
         assert!(v["unloaded"][k].as_f64().unwrap() > 0.0, "unloaded.{k}");
     }
-    let names: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["scheduler"].as_str().unwrap()).collect();
-    assert_eq!(names, ["fifo", "cam1998", "maxtags2", "deadline", "tagstripe"]);
+    let names: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["scheduler"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["fifo", "cam1998", "maxtags2", "deadline", "tagstripe"]
+    );
     for r in v["runs"].as_array().unwrap() {
         for k in ["p50_ms", "p99_ms", "max_ms"] {
             assert!(r["interactive"][k].is_number());
         }
-        assert!(r["chain_p99_ms"].is_number() && r["bulk_mb_s"].as_f64().unwrap() > 0.0 && r["bulk_idle_mb_s"].as_f64().unwrap() > 0.0);
+        assert!(
+            r["chain_p99_ms"].is_number()
+                && r["bulk_mb_s"].as_f64().unwrap() > 0.0
+                && r["bulk_idle_mb_s"].as_f64().unwrap() > 0.0
+        );
     }
     let fifo = &v["runs"][0]["interactive"]["p99_ms"];
     let ours = &v["runs"][4]["interactive"]["p99_ms"];
-    assert!(ours.as_f64().unwrap() * 10.0 < fifo.as_f64().unwrap(), "tagstripe {ours} vs fifo {fifo}");
+    assert!(
+        ours.as_f64().unwrap() * 10.0 < fifo.as_f64().unwrap(),
+        "tagstripe {ours} vs fifo {fifo}"
+    );
 }
 
 #[test]
@@ -38,7 +68,10 @@ fn fairness_bad_options_exit_2() {
         vec!["bench", "fairness", "--sim", "--seconds", "1"],
         vec!["bench", "fairness"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_tagstripe")).args(&bad).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+            .args(&bad)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert!(!out.stderr.is_empty(), "{bad:?}");
     }
