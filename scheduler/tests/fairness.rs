@@ -217,3 +217,36 @@ fn tagstripe_meets_the_targets_on_hdd_modern() {
 fn tagstripe_meets_the_targets_on_ssd() {
     acceptance(Profile::Ssd);
 }
+
+fn completion_order(order: DeviceOrder) -> Vec<u32> {
+    use tagstripe_scheduler::sim::read;
+    use tagstripe_scheduler::{DiskEvent, DiskModel};
+    let mut cfg = Profile::Hdd1998.config();
+    cfg.order = order;
+    let mut d = DiskModel::new(cfg);
+    for (tag, lba) in [(0, 100_000), (1, 5_000_000), (2, 50_000), (3, 9_000_000)] {
+        d.submit(0, tag, read(lba, 8)).unwrap();
+    }
+    let mut done = Vec::new();
+    while let Some(t) = d.next_event() {
+        for e in d.advance(t) {
+            if let DiskEvent::Completed { tag, .. } = e {
+                done.push(tag);
+            }
+        }
+    }
+    done
+}
+
+#[test]
+fn device_orders_pick_as_named() {
+    // The first command starts at once; the others wait for the head.
+    assert_eq!(completion_order(DeviceOrder::Fifo), [0, 1, 2, 3]);
+    // C-LOOK: upward from the head (near LBA 100 000), then wrap to the lowest.
+    assert_eq!(completion_order(DeviceOrder::CLook), [0, 1, 3, 2]);
+    // SPTF: the nearest first (LBA 50 000 is next door).
+    assert_eq!(
+        completion_order(DeviceOrder::Sptf { aging: None })[..2],
+        [0, 2]
+    );
+}
