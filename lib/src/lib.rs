@@ -1,22 +1,39 @@
 //! tagstripe: striped volumes over pluggable async block-device backends.
 //!
-//! This is the crate users depend on. It re-exports the pure crates and will add the async
-//! stack: the `BlockDevice` trait, the `Split`, `Queue` and `Striped` layers, the `Volume`
-//! builder, and the memory, file, block-device, io_uring and NBD backends.
+//! Every piece implements [`BlockDevice`]: the backends ([`MemDevice`], [`FileDevice`],
+//! [`FaultDevice`] for tests), the layers ([`Split`] by a device's limits and quirks,
+//! [`Queue`] driving a tagged queue, [`Striped`] over a ccd geometry), and the [`Volume`]
+//! that stacks them. So a volume can stand wherever a device does, including as a component
+//! of another volume.
 //!
-//! Today it offers the striping geometry:
-//!
+//! ```text
+//! caller ──► Volume ──► Striped ── Geometry::map ──► pieces
+//!                          │  fan out, gather reads; mirror: both sides
+//!              ┌───────────┼───────────┐
+//!            Split       Split       Split      quirks::Splitter with each device's limits
+//!            Queue       Queue       Queue      scheduler::TagQueue: a tag per piece
+//!           backend     backend     backend     Mem | File | Fault | ...
 //! ```
-//! use tagstripe::striping::Geometry;
 //!
-//! let g = Geometry::builder([1000, 2000, 1500], 16).build()?;
-//! assert_eq!(g.total_sectors(), 4480);
-//! # Ok::<(), tagstripe::striping::Error>(())
-//! ```
+//! The pure crates are re-exported as [`striping`], [`quirks`] and [`scheduler`].
 
 pub use tagstripe_quirks as quirks;
 pub use tagstripe_scheduler as scheduler;
 pub use tagstripe_striping as striping;
+
+mod backend;
+mod device;
+mod error;
+mod layers;
+mod stats;
+mod volume;
+
+pub use backend::{Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice};
+pub use device::{BlockDevice, DeviceInfo, IoOpts};
+pub use error::{Error, Result};
+pub use layers::{Queue, Split, Striped};
+pub use stats::{Stats, StatsSnapshot};
+pub use volume::{Volume, VolumeBuilder};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

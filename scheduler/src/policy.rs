@@ -89,6 +89,24 @@ pub trait Policy: std::fmt::Debug {
     fn on_release(&mut self, _now: Nanos, _meta: &Meta, _kind: TagKind, _how: Release) {}
 }
 
+impl<P: Policy + ?Sized> Policy for Box<P> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn choose(&mut self, view: &View) -> Choice {
+        (**self).choose(view)
+    }
+    fn on_submit(&mut self, now: Nanos, meta: &Meta) {
+        (**self).on_submit(now, meta);
+    }
+    fn on_dispatch(&mut self, now: Nanos, meta: &Meta, kind: TagKind) {
+        (**self).on_dispatch(now, meta, kind);
+    }
+    fn on_release(&mut self, now: Nanos, meta: &Meta, kind: TagKind, how: Release) {
+        (**self).on_release(now, meta, kind, how);
+    }
+}
+
 /// First come, first served across classes: the oldest dispatchable request goes next.
 /// What a plain host queue does (CAM in 1998, blk-mq `none`).
 #[derive(Clone, Copy, Debug, Default)]

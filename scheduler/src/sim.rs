@@ -34,24 +34,6 @@ pub fn write(lba: u64, sectors: u64) -> DiskCommand {
     }
 }
 
-impl Policy for Box<dyn Policy> {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn choose(&mut self, view: &crate::View) -> crate::Choice {
-        (**self).choose(view)
-    }
-    fn on_submit(&mut self, now: Nanos, meta: &Meta) {
-        (**self).on_submit(now, meta);
-    }
-    fn on_dispatch(&mut self, now: Nanos, meta: &Meta, kind: TagKind) {
-        (**self).on_dispatch(now, meta, kind);
-    }
-    fn on_release(&mut self, now: Nanos, meta: &Meta, kind: TagKind, how: crate::Release) {
-        (**self).on_release(now, meta, kind, how);
-    }
-}
-
 /// The schedulers compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scheduler {

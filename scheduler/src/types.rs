@@ -5,11 +5,12 @@
 pub type Nanos = u64;
 
 /// I/O classes, highest priority first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum IoClass {
     /// Someone is waiting: a login, a page fault, a query.
     Interactive,
     /// The default class.
+    #[default]
     BestEffort,
     /// Throughput work: backups, copies, a bonnie write.
     Bulk,

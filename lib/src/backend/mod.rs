@@ -1,0 +1,9 @@
+//! Backends: where the bytes live.
+
+mod fault;
+mod file;
+mod mem;
+
+pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
+pub use file::{FileDevice, FileOptions};
+pub use mem::MemDevice;

@@ -1,0 +1,206 @@
+//! The `BlockDevice` trait every backend and layer implements.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tagstripe_quirks::{Identity, Limits};
+use tagstripe_scheduler::{IoClass, TagKind};
+
+use crate::{Error, Result};
+
+/// What a device is: its size, limits and identity. Sizes in 512-byte sectors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// A name for messages (a path, `mem0`, `volume`).
+    pub name: String,
+    /// Size in sectors.
+    pub sectors: u64,
+    /// The device's limits (Linux's meaning).
+    pub limits: Limits,
+    /// Vendor / model / revision, for quirk matching.
+    pub identity: Identity,
+    /// Refuses writes, flushes and discards.
+    pub read_only: bool,
+    /// Discard is supported.
+    pub discard: bool,
+}
+
+impl DeviceInfo {
+    /// A writable device of `sectors` sectors with default limits.
+    #[must_use]
+    pub fn new(name: impl Into<String>, sectors: u64) -> Self {
+        Self {
+            name: name.into(),
+            sectors,
+            limits: Limits::default(),
+            identity: Identity::default(),
+            read_only: false,
+            discard: true,
+        }
+    }
+
+    /// Size in bytes.
+    #[must_use]
+    pub fn bytes(&self) -> u64 {
+        self.sectors.saturating_mul(512)
+    }
+
+    /// Checks that `[start, start + sectors)` is inside the device and made of whole logical
+    /// blocks, and not empty.
+    ///
+    /// # Errors
+    /// [`Error::Overflow`], [`Error::OutOfRange`], [`Error::Misaligned`] or
+    /// [`Error::BadLength`] for zero sectors.
+    pub fn check(&self, start: u64, sectors: u64) -> Result<()> {
+        let device = || self.name.clone();
+        if sectors == 0 {
+            return Err(Error::BadLength {
+                device: device(),
+                what: "zero-length request".to_owned(),
+            });
+        }
+        let end = start.checked_add(sectors).ok_or_else(|| Error::Overflow {
+            device: device(),
+            start,
+            sectors,
+        })?;
+        if end > self.sectors {
+            return Err(Error::OutOfRange {
+                device: device(),
+                start,
+                sectors,
+                size: self.sectors,
+            });
+        }
+        let lbs = self.limits.lbs_sectors();
+        if start % lbs != 0 || sectors % lbs != 0 {
+            return Err(Error::Misaligned {
+                device: device(),
+                start,
+                sectors,
+                lbs,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a write: writable, whole sectors, in range.
+    ///
+    /// # Errors
+    /// As [`DeviceInfo::check`], and [`Error::ReadOnly`] / [`Error::BadLength`].
+    pub fn check_write(&self, start: u64, len: usize) -> Result<u64> {
+        if self.read_only {
+            return Err(Error::ReadOnly {
+                device: self.name.clone(),
+            });
+        }
+        if len % 512 != 0 {
+            return Err(Error::BadLength {
+                device: self.name.clone(),
+                what: format!("{len} bytes is not a whole number of sectors"),
+            });
+        }
+        let sectors = len as u64 / 512;
+        self.check(start, sectors)?;
+        Ok(sectors)
+    }
+}
+
+impl DeviceInfo {
+    /// Checks a discard: writable, supported, in range.
+    ///
+    /// # Errors
+    /// As [`DeviceInfo::check`], and [`Error::ReadOnly`] / [`Error::Unsupported`].
+    pub fn check_discard(&self, start: u64, sectors: u64) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly {
+                device: self.name.clone(),
+            });
+        }
+        if !self.discard {
+            return Err(Error::Unsupported {
+                device: self.name.clone(),
+                op: "discard",
+            });
+        }
+        self.check(start, sectors)
+    }
+}
+
+/// How a request is to be treated: its I/O class, its tag kind, and forced unit access.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoOpts {
+    /// Class, for the tagged queue's fairness.
+    pub class: IoClass,
+    /// Tag kind (ordered: a barrier; head-of-queue: next).
+    pub kind: TagKind,
+    /// The write is durable when it completes.
+    pub fua: bool,
+}
+
+impl IoOpts {
+    /// Best-effort, simple tag, no FUA.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same with another class.
+    #[must_use]
+    pub fn class(mut self, class: IoClass) -> Self {
+        self.class = class;
+        self
+    }
+
+    /// The same with FUA.
+    #[must_use]
+    pub fn fua(mut self, fua: bool) -> Self {
+        self.fua = fua;
+        self
+    }
+}
+
+/// A block device: a backend, a layer over one, or a whole volume. Sectors are 512 bytes;
+/// requests must be whole logical blocks inside the device. Implementations are `Send +
+/// Sync` and usable as `Arc<dyn BlockDevice>`.
+///
+/// Contract: a request that fails validation returns an error and touches nothing; `write`
+/// returns `Ok` only once the data is written (durably if `opts.fua`); `flush` makes every
+/// completed write durable; after `discard`, the sectors read as zeroes on the backends here.
+#[async_trait]
+pub trait BlockDevice: Send + Sync + std::fmt::Debug {
+    /// Size, limits and identity.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Reads `sectors` sectors from `start`.
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes>;
+
+    /// Writes `data` (whole sectors) at `start`.
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()>;
+
+    /// Makes completed writes durable.
+    async fn flush(&self, opts: IoOpts) -> Result<()>;
+
+    /// Discards `sectors` sectors from `start`.
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()>;
+}
+
+#[async_trait]
+impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
+    fn info(&self) -> &DeviceInfo {
+        (**self).info()
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        (**self).read(start, sectors, opts).await
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        (**self).write(start, data, opts).await
+    }
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        (**self).flush(opts).await
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        (**self).discard(start, sectors, opts).await
+    }
+}

@@ -1,0 +1,132 @@
+//! The crate's one error type.
+
+use std::io;
+
+/// Everything a block-device operation can fail with. Bad input is refused before anything
+/// is issued; an I/O error names the device (and, in a volume, the component) and the
+/// sectors; a write that fails is never reported done.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A request that reaches past the end of the device.
+    #[error(
+        "{device}: request at sector {start} of {sectors} sectors is past the end ({size} sectors)"
+    )]
+    OutOfRange {
+        /// The device.
+        device: String,
+        /// First sector.
+        start: u64,
+        /// Length.
+        sectors: u64,
+        /// The device size.
+        size: u64,
+    },
+    /// A request whose end overflows 64 bits.
+    #[error("{device}: request at sector {start} of {sectors} sectors overflows")]
+    Overflow {
+        /// The device.
+        device: String,
+        /// First sector.
+        start: u64,
+        /// Length.
+        sectors: u64,
+    },
+    /// A request that is not whole logical blocks.
+    #[error(
+        "{device}: request at sector {start} of {sectors} sectors is not aligned to {lbs}-sector blocks"
+    )]
+    Misaligned {
+        /// The device.
+        device: String,
+        /// First sector.
+        start: u64,
+        /// Length.
+        sectors: u64,
+        /// Logical block in sectors.
+        lbs: u64,
+    },
+    /// A zero-length read or write, or data that is not whole sectors.
+    #[error("{device}: {what}")]
+    BadLength {
+        /// The device.
+        device: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A write, flush or discard on a read-only device.
+    #[error("{device}: read-only")]
+    ReadOnly {
+        /// The device.
+        device: String,
+    },
+    /// An operation the device does not support.
+    #[error("{device}: {op} is not supported")]
+    Unsupported {
+        /// The device.
+        device: String,
+        /// The operation.
+        op: &'static str,
+    },
+    /// The device is temporarily full (SCSI QUEUE FULL); the queue layer retries.
+    #[error("{device}: queue full")]
+    QueueFull {
+        /// The device.
+        device: String,
+    },
+    /// The device is busy (SCSI BUSY); the queue layer retries after a delay.
+    #[error("{device}: busy")]
+    Busy {
+        /// The device.
+        device: String,
+    },
+    /// An I/O error from the operating system or the device.
+    #[error("{device}: {op} of {sectors} sectors at {start} failed: {source}")]
+    Io {
+        /// The device.
+        device: String,
+        /// The operation.
+        op: &'static str,
+        /// First sector.
+        start: u64,
+        /// Length.
+        sectors: u64,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A component of a volume failed; the inner error says how.
+    #[error("component {component}: {source}")]
+    Component {
+        /// Index of the component in the volume.
+        component: usize,
+        /// The component's error.
+        source: Box<Error>,
+    },
+    /// The device or queue was shut down.
+    #[error("{device}: closed")]
+    Closed {
+        /// The device.
+        device: String,
+    },
+    /// A geometry ccd would refuse.
+    #[error(transparent)]
+    Geometry(#[from] tagstripe_striping::Error),
+    /// Limits or quirks that do not validate, or a request the splitter refuses.
+    #[error(transparent)]
+    Limits(#[from] tagstripe_quirks::Error),
+}
+
+impl Error {
+    /// Whether the queue layer should retry the request (QUEUE FULL, BUSY).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::QueueFull { .. } | Self::Busy { .. } => true,
+            Self::Component { source, .. } => source.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+/// Results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

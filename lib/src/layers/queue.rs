@@ -1,0 +1,275 @@
+//! Queue: a device's tagged queue, driven on tokio.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tagstripe_scheduler::{
+    Dir, Fair, FairConfig, Meta, Outcome, Policy, QueueConfig, Tag, TagKind, TagQueue,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::stats::{OpKind, Stats};
+use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
+
+/// Permission to issue a request: the tag it holds and the tag kind to send.
+#[derive(Debug)]
+struct Grant {
+    tag: Tag,
+    kind: TagKind,
+}
+
+type Waiter = oneshot::Sender<Grant>;
+
+struct Inner {
+    q: TagQueue<Waiter, Box<dyn Policy + Send>>,
+    epoch: Instant,
+    timer_at: Option<u64>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("openings", &self.q.openings())
+            .field("active", &self.q.active_total())
+            .field("pending", &self.q.pending_len())
+            .finish()
+    }
+}
+
+impl Inner {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Holds a tag until the request completes; if the caller's future is dropped first, the
+/// tag is given back as failed so the queue never leaks openings.
+struct TagGuard {
+    inner: Arc<Mutex<Inner>>,
+    tag: Option<Tag>,
+}
+
+impl Drop for TagGuard {
+    fn drop(&mut self) {
+        if let Some(tag) = self.tag.take() {
+            let mut g = self.inner.lock();
+            let now = g.now();
+            let _ = g.q.handle_completion(now, tag, Outcome::Failed);
+            pump(&self.inner, &mut g);
+        }
+    }
+}
+
+/// Dispatches whatever the queue allows, hands the grants out, and arms the timer.
+fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) {
+    let now = g.now();
+    while let Some(d) = g.q.poll_dispatch(now) {
+        let grant = Grant {
+            tag: d.tag,
+            kind: d.kind,
+        };
+        if d.req.send(grant).is_err() {
+            // The caller gave up before its turn came: release the tag at once.
+            let _ = g.q.handle_completion(now, d.tag, Outcome::Failed);
+        }
+    }
+    while g.q.poll_event().is_some() {}
+    if let Some(t) = g.q.poll_timeout() {
+        if g.timer_at.is_none_or(|armed| t < armed) {
+            g.timer_at = Some(t);
+            let shared = Arc::clone(shared);
+            let at = g.epoch + Duration::from_nanos(t);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    tokio::time::sleep_until(at).await;
+                    let mut g = shared.lock();
+                    g.timer_at = None;
+                    let now = g.now();
+                    g.q.handle_timeout(now);
+                    pump(&shared, &mut g);
+                });
+            }
+        }
+    }
+}
+
+/// Puts a device behind a CAM-like tagged queue: each request (each piece, under a
+/// [`crate::Split`]) waits for a tag opening and the policy's turn, QUEUE FULL and BUSY from
+/// the device are retried as the queue decides, and the tag kind the policy chose (a
+/// barrier, head-of-queue) reaches the device in [`IoOpts::kind`].
+///
+/// ```
+/// use bytes::Bytes;
+/// use tagstripe::{BlockDevice, IoOpts, MemDevice, Queue};
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let q = Queue::new(MemDevice::new("mem0", 1024));
+/// q.write(0, Bytes::from(vec![3u8; 512]), IoOpts::new()).await?;
+/// assert_eq!(q.read(0, 1, IoOpts::new()).await?[0], 3);
+/// assert_eq!(q.stats().snapshot().transfers(), 2);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Queue<D> {
+    dev: D,
+    inner: Arc<Mutex<Inner>>,
+    stats: Stats,
+}
+
+impl<D: BlockDevice> Queue<D> {
+    /// A queue with the device's tag limits and tagstripe's fair policy.
+    pub fn new(dev: D) -> Self {
+        Self::with_policy(dev, Box::new(Fair::new(FairConfig::default())))
+    }
+
+    /// A queue with another policy.
+    pub fn with_policy(dev: D, policy: Box<dyn Policy + Send>) -> Self {
+        let l = &dev.info().limits;
+        let cfg = QueueConfig {
+            max_tags: l.max_tags.max(1),
+            min_tags: l.min_tags.max(1),
+            ..QueueConfig::default()
+        };
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                q: TagQueue::new(cfg, policy),
+                epoch: Instant::now(),
+                timer_at: None,
+            })),
+            dev,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The device's statistics, as seen at the queue.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Sets the openings at run time (`camcontrol tags -N`).
+    pub fn set_openings(&self, openings: u32) {
+        let mut g = self.inner.lock();
+        g.q.set_openings(openings);
+        pump(&self.inner, &mut g);
+    }
+
+    /// The current openings.
+    pub fn openings(&self) -> u32 {
+        self.inner.lock().q.openings()
+    }
+
+    async fn run<T, F, Fut>(&self, op: OpKind, bytes: u64, opts: IoOpts, f: F) -> Result<T>
+    where
+        F: Fn(TagKind) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let dir = if op == OpKind::Read {
+            Dir::Read
+        } else {
+            Dir::Write
+        };
+        let kind = if op == OpKind::Flush {
+            TagKind::Ordered
+        } else {
+            opts.kind
+        };
+        let meta = Meta::new(opts.class, dir).with_kind(kind);
+        let (tx, mut rx) = oneshot::channel();
+        {
+            let mut g = self.inner.lock();
+            let now = g.now();
+            g.q.submit(now, tx, meta).map_err(|_| Error::QueueFull {
+                device: self.dev.info().name.clone(),
+            })?;
+            pump(&self.inner, &mut g);
+        }
+        self.stats.begin();
+        let started = std::time::Instant::now();
+        let result = loop {
+            let Ok(grant) = rx.await else {
+                break Err(Error::Closed {
+                    device: self.dev.info().name.clone(),
+                });
+            };
+            let mut guard = TagGuard {
+                inner: Arc::clone(&self.inner),
+                tag: Some(grant.tag),
+            };
+            let res = f(grant.kind).await;
+            guard.tag = None;
+            let mut g = self.inner.lock();
+            let now = g.now();
+            match res {
+                Err(e) if e.is_retryable() => {
+                    let (tx, again) = oneshot::channel();
+                    let outcome = match e {
+                        Error::Busy { .. } => Outcome::Busy(tx),
+                        _ => Outcome::QueueFull(tx),
+                    };
+                    let _ = g.q.handle_completion(now, grant.tag, outcome);
+                    pump(&self.inner, &mut g);
+                    rx = again;
+                }
+                res => {
+                    let outcome = if res.is_ok() {
+                        Outcome::Done
+                    } else {
+                        Outcome::Failed
+                    };
+                    let _ = g.q.handle_completion(now, grant.tag, outcome);
+                    pump(&self.inner, &mut g);
+                    break res;
+                }
+            }
+        };
+        self.stats.end(op, bytes, started.elapsed(), result.is_ok());
+        result
+    }
+}
+
+fn with_kind(opts: IoOpts, kind: TagKind) -> IoOpts {
+    IoOpts { kind, ..opts }
+}
+
+#[async_trait]
+impl<D: BlockDevice> BlockDevice for Queue<D> {
+    fn info(&self) -> &DeviceInfo {
+        self.dev.info()
+    }
+
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.dev.info().check(start, sectors)?;
+        self.run(OpKind::Read, sectors * 512, opts, |k| {
+            self.dev.read(start, sectors, with_kind(opts, k))
+        })
+        .await
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        self.dev.info().check_write(start, data.len())?;
+        let bytes = data.len() as u64;
+        self.run(OpKind::Write, bytes, opts, |k| {
+            self.dev.write(start, data.clone(), with_kind(opts, k))
+        })
+        .await
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        self.run(OpKind::Flush, 0, opts, |k| {
+            self.dev.flush(with_kind(opts, k))
+        })
+        .await
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        self.dev.info().check_discard(start, sectors)?;
+        self.run(OpKind::Discard, 0, opts, |k| {
+            self.dev.discard(start, sectors, with_kind(opts, k))
+        })
+        .await
+    }
+}

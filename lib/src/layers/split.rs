@@ -1,0 +1,97 @@
+//! Split: requests cut by a device's limits and quirks before they reach it.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::future::try_join_all;
+use tagstripe_quirks::{Applied, Mod15, Op, Splitter};
+
+use crate::{BlockDevice, DeviceInfo, IoOpts, Result};
+
+/// Splits every request by the device's limits (and matched quirks) in Linux's order, and
+/// issues the pieces concurrently; reads are gathered in order.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tagstripe::quirks::{Limits, Mod15, Settings};
+/// use tagstripe::{BlockDevice, IoOpts, MemDevice, Split};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let dev = MemDevice::new("mem0", 4096);
+/// let mut hw = Limits::default();
+/// hw.max_hw_sectors = 64;
+/// let applied = Settings::default().apply(&hw)?;
+/// let split = Split::new(dev, &applied, Mod15::Cap15)?;
+/// split.write(0, Bytes::from(vec![9u8; 100 * 512]), IoOpts::new()).await?; // 64 + 36
+/// assert_eq!(split.read(0, 100, IoOpts::new()).await?, vec![9u8; 100 * 512]);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Split<D> {
+    dev: D,
+    info: DeviceInfo,
+    splitter: Splitter,
+}
+
+impl<D: BlockDevice> Split<D> {
+    /// Splits for `dev` with the limits quirks produced (`applied`) and a mod-15 policy used
+    /// if the device has the erratum.
+    ///
+    /// # Errors
+    /// [`crate::Error::Limits`] if the limits do not validate.
+    pub fn new(dev: D, applied: &Applied, mod15: Mod15) -> Result<Self> {
+        let splitter = Splitter::for_device(applied, mod15)?;
+        let mut info = dev.info().clone();
+        info.limits = splitter.limits().clone();
+        Ok(Self {
+            dev,
+            info,
+            splitter,
+        })
+    }
+
+    /// The device underneath.
+    pub fn inner(&self) -> &D {
+        &self.dev
+    }
+}
+
+#[async_trait]
+impl<D: BlockDevice> BlockDevice for Split<D> {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        let pieces = self.splitter.split(Op::Read, start, sectors)?;
+        let reads = pieces.map(|p| self.dev.read(p.start, p.sectors, opts));
+        Ok(super::gather(try_join_all(reads).await?))
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        let pieces = self.splitter.split(Op::Write, start, sectors)?;
+        let writes = pieces.map(|p| {
+            let off = ((p.start - start) * 512) as usize;
+            let part = data.slice(off..off + p.sectors as usize * 512);
+            self.dev.write(p.start, part, opts)
+        });
+        try_join_all(writes).await?;
+        Ok(())
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        self.dev.flush(opts).await
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        self.info.check_discard(start, sectors)?;
+        if self.info.limits.max_discard_sectors == 0 {
+            // No discard limits were given: pass it whole.
+            return self.dev.discard(start, sectors, opts).await;
+        }
+        let pieces = self.splitter.split(Op::Discard, start, sectors)?;
+        try_join_all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! Striped: a ccd geometry over component devices.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::future::try_join_all;
+use parking_lot::Mutex;
+use tagstripe_quirks::{Limits, StripeShape};
+use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
+
+use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
+
+/// A volume striped (or concatenated, or mirrored) over components by a
+/// [`Geometry`]. Requests map to pieces issued concurrently; a read that maps to one piece is
+/// returned without a copy; mirror writes go to both sides and complete when both do; a
+/// mirror read that fails is retried on the partner.
+///
+/// ```
+/// use std::sync::Arc;
+/// use bytes::Bytes;
+/// use tagstripe::striping::Geometry;
+/// use tagstripe::{BlockDevice, IoOpts, MemDevice, Striped};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let comps: Vec<Arc<dyn BlockDevice>> =
+///     vec![Arc::new(MemDevice::new("a", 1000)), Arc::new(MemDevice::new("b", 2000))];
+/// let g = Geometry::builder([1000, 2000], 16).build()?;
+/// let v = Striped::new("vol", g, comps.clone())?;
+/// v.write(0, Bytes::from(vec![5u8; 32 * 512]), IoOpts::new()).await?;
+/// // The second interleave unit landed on component 1 at sector 0.
+/// assert_eq!(comps[1].read(0, 16, IoOpts::new()).await?, vec![5u8; 16 * 512]);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Striped {
+    info: DeviceInfo,
+    geometry: Geometry,
+    components: Vec<Arc<dyn BlockDevice>>,
+    reads: Mutex<ReadBalancer>,
+}
+
+impl Striped {
+    /// Stripes over `components` with `geometry` (built from their sizes). The volume's
+    /// limits are the components' stacked (`Limits::stack`).
+    ///
+    /// # Errors
+    /// [`Error::Geometry`] if the component count or a size differs from the geometry's;
+    /// [`Error::Limits`] if the limits do not stack.
+    pub fn new(
+        name: &str,
+        geometry: Geometry,
+        components: Vec<Arc<dyn BlockDevice>>,
+    ) -> Result<Self> {
+        let n = geometry.components();
+        if components.len() != n {
+            return Err(Error::BadLength {
+                device: name.to_owned(),
+                what: format!(
+                    "geometry has {n} components, {} devices given",
+                    components.len()
+                ),
+            });
+        }
+        for (i, (c, &raw)) in components.iter().zip(geometry.raw_sizes()).enumerate() {
+            if c.info().sectors < raw {
+                return Err(Error::Component {
+                    component: i,
+                    source: Box::new(Error::BadLength {
+                        device: c.info().name.clone(),
+                        what: format!("{} sectors, the geometry needs {raw}", c.info().sectors),
+                    }),
+                });
+            }
+        }
+        let limits: Vec<Limits> = components.iter().map(|c| c.info().limits.clone()).collect();
+        let shape = StripeShape {
+            interleave_sectors: geometry.interleave(),
+            data_members: geometry.data_components() as u32,
+            data_offset_sectors: geometry.reserved_sectors(),
+        };
+        let stacked = Limits::stack(&limits, &shape)?;
+        let mut info = DeviceInfo::new(name, geometry.total_sectors());
+        info.limits = stacked.limits;
+        info.read_only = components.iter().any(|c| c.info().read_only);
+        info.discard = components.iter().all(|c| c.info().discard);
+        let policy = geometry.default_mirror_reads();
+        Ok(Self {
+            reads: Mutex::new(ReadBalancer::new(&geometry, policy)),
+            info,
+            geometry,
+            components,
+        })
+    }
+
+    /// Chooses how mirror reads pick a side.
+    pub fn set_mirror_reads(&self, policy: MirrorReads) {
+        *self.reads.lock() = ReadBalancer::new(&self.geometry, policy);
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// The components.
+    pub fn components(&self) -> &[Arc<dyn BlockDevice>] {
+        &self.components
+    }
+
+    fn pieces(&self, start: u64, sectors: u64) -> Result<Vec<Piece>> {
+        Ok(self.geometry.map(start, sectors)?.collect())
+    }
+
+    async fn read_piece(&self, p: Piece, opts: IoOpts) -> Result<Bytes> {
+        let (_, first) = self.reads.lock().choose(&p);
+        let comp = |i: usize| &self.components[i];
+        match comp(first).read(p.cblk, p.count, opts).await {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                let other = match p.mirror {
+                    Some(m) if m == first => Some(p.component),
+                    Some(m) => Some(m),
+                    None => None,
+                };
+                let Some(other) = other else {
+                    return Err(component(first, e));
+                };
+                comp(other)
+                    .read(p.cblk, p.count, opts)
+                    .await
+                    .map_err(|_| component(first, e))
+            }
+        }
+    }
+}
+
+fn component(i: usize, e: Error) -> Error {
+    match e {
+        Error::Component { .. } => e,
+        e => Error::Component {
+            component: i,
+            source: Box::new(e),
+        },
+    }
+}
+
+#[async_trait]
+impl BlockDevice for Striped {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        let pieces = self.pieces(start, sectors)?;
+        let parts = try_join_all(pieces.into_iter().map(|p| self.read_piece(p, opts))).await?;
+        Ok(super::gather(parts))
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        let pieces = self.pieces(start, sectors)?;
+        let writes = pieces.iter().flat_map(|p| {
+            let off = ((p.lblk - start) * 512) as usize;
+            let part = data.slice(off..off + p.count as usize * 512);
+            p.write_targets().map(move |(_, c)| {
+                let part = part.clone();
+                async move {
+                    self.components[c]
+                        .write(p.cblk, part, opts)
+                        .await
+                        .map_err(|e| component(c, e))
+                }
+            })
+        });
+        try_join_all(writes).await?;
+        Ok(())
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        let flushes = self
+            .components
+            .iter()
+            .enumerate()
+            .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, e)) });
+        try_join_all(flushes).await?;
+        Ok(())
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        self.info.check_discard(start, sectors)?;
+        let pieces = self.pieces(start, sectors)?;
+        let discards = pieces.iter().flat_map(|p| {
+            p.write_targets().map(move |(_, c)| async move {
+                self.components[c]
+                    .discard(p.cblk, p.count, opts)
+                    .await
+                    .map_err(|e| component(c, e))
+            })
+        });
+        try_join_all(discards).await?;
+        Ok(())
+    }
+}

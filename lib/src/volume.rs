@@ -1,0 +1,247 @@
+//! The volume builder: components wrapped in `Split<Queue<D>>`, striped by a geometry.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tagstripe_quirks::{Mod15, QuirkSet};
+use tagstripe_scheduler::{Fair, FairConfig};
+use tagstripe_striping::{Flavor, Geometry};
+
+use crate::stats::{OpKind, Stats};
+use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, Result, Split, Striped};
+
+/// Builds a [`Volume`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use bytes::Bytes;
+/// use tagstripe::{BlockDevice, IoOpts, MemDevice, Volume};
+/// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+/// let comps: Vec<Arc<dyn BlockDevice>> = (0..4)
+///     .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), 8192)) as Arc<dyn BlockDevice>)
+///     .collect();
+/// let vol = Volume::builder(comps).interleave(128).build()?;
+/// assert_eq!(vol.info().sectors, 4 * 8192);
+/// vol.write(100, Bytes::from(vec![1u8; 64 << 10]), IoOpts::new()).await?;
+/// assert_eq!(vol.read(100, 128, IoOpts::new()).await?, vec![1u8; 64 << 10]);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct VolumeBuilder {
+    name: String,
+    components: Vec<Arc<dyn BlockDevice>>,
+    interleave: u64,
+    flavor: Flavor,
+    uniform: bool,
+    mirror: bool,
+    no_offset: bool,
+    quirks: QuirkSet,
+    mod15: Mod15,
+    fair: FairConfig,
+    queue: bool,
+}
+
+impl VolumeBuilder {
+    /// The volume's name in messages.
+    #[must_use]
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Interleave in sectors (0 concatenates; the default is 128, 64 KiB).
+    #[must_use]
+    pub fn interleave(mut self, sectors: u64) -> Self {
+        self.interleave = sectors;
+        self
+    }
+
+    /// ccd / md rules (default NetBSD: no reserved area).
+    #[must_use]
+    pub fn flavor(mut self, flavor: Flavor) -> Self {
+        self.flavor = flavor;
+        self
+    }
+
+    /// Every component contributes the smallest size.
+    #[must_use]
+    pub fn uniform(mut self, on: bool) -> Self {
+        self.uniform = on;
+        self
+    }
+
+    /// Mirror the first half onto the second (needs a flavor with mirroring, e.g. FreeBSD).
+    #[must_use]
+    pub fn mirror(mut self, on: bool) -> Self {
+        self.mirror = on;
+        self
+    }
+
+    /// FreeBSD: no reserved area.
+    #[must_use]
+    pub fn no_offset(mut self, on: bool) -> Self {
+        self.no_offset = on;
+        self
+    }
+
+    /// The quirk layers to apply to each component (default: the built-in table).
+    #[must_use]
+    pub fn quirks(mut self, quirks: QuirkSet) -> Self {
+        self.quirks = quirks;
+        self
+    }
+
+    /// The mod-15 policy for drives with the erratum (default Linux's `Cap15`).
+    #[must_use]
+    pub fn mod15(mut self, mod15: Mod15) -> Self {
+        self.mod15 = mod15;
+        self
+    }
+
+    /// Settings of each component's fair queue.
+    #[must_use]
+    pub fn fairness(mut self, fair: FairConfig) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether to put each component behind a tagged queue (default on). Off, requests go
+    /// straight to the split layer: for components that queue themselves (another volume).
+    #[must_use]
+    pub fn queue(mut self, on: bool) -> Self {
+        self.queue = on;
+        self
+    }
+
+    /// Applies quirks to each component, wraps it in `Split<Queue<D>>`, and stripes.
+    ///
+    /// # Errors
+    /// A geometry ccd refuses ([`crate::Error::Geometry`]), limits that do not validate or
+    /// stack ([`crate::Error::Limits`]).
+    pub fn build(self) -> Result<Volume> {
+        let sizes: Vec<u64> = self.components.iter().map(|c| c.info().sectors).collect();
+        let sector_size = self
+            .components
+            .iter()
+            .map(|c| c.info().limits.logical_block_size)
+            .max()
+            .unwrap_or(512);
+        let geometry = Geometry::builder(sizes, self.interleave)
+            .flavor(self.flavor)
+            .uniform(self.uniform)
+            .mirror(self.mirror)
+            .no_offset(self.no_offset)
+            .sector_size(sector_size)
+            .build()?;
+        let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(self.components.len());
+        for c in self.components {
+            let info = c.info();
+            let applied = self.quirks.apply(&info.identity, &info.limits)?;
+            let dev: Arc<dyn BlockDevice> = if self.queue {
+                let queue = Queue::with_policy(c, Box::new(Fair::new(self.fair)));
+                Arc::new(Split::new(queue, &applied, self.mod15)?)
+            } else {
+                Arc::new(Split::new(c, &applied, self.mod15)?)
+            };
+            wrapped.push(dev);
+        }
+        let striped = Striped::new(&self.name, geometry, wrapped)?;
+        Ok(Volume {
+            striped,
+            stats: Stats::default(),
+        })
+    }
+}
+
+/// A striped volume of queued, split components; itself a [`BlockDevice`]. See
+/// [`Volume::builder`].
+#[derive(Debug)]
+pub struct Volume {
+    striped: Striped,
+    stats: Stats,
+}
+
+impl Volume {
+    /// Starts a builder over `components` (each any [`BlockDevice`]).
+    #[must_use]
+    pub fn builder(components: Vec<Arc<dyn BlockDevice>>) -> VolumeBuilder {
+        VolumeBuilder {
+            name: "volume".to_owned(),
+            components,
+            interleave: 128,
+            flavor: Flavor::NetBsd,
+            uniform: false,
+            mirror: false,
+            no_offset: false,
+            quirks: QuirkSet::builtin(),
+            mod15: Mod15::Cap15,
+            fair: FairConfig::default(),
+            queue: true,
+        }
+    }
+
+    /// The geometry.
+    #[must_use]
+    pub fn geometry(&self) -> &Geometry {
+        self.striped.geometry()
+    }
+
+    /// The volume's statistics.
+    #[must_use]
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The wrapped components (`Split<Queue<D>>`), in order.
+    #[must_use]
+    pub fn components(&self) -> &[Arc<dyn BlockDevice>] {
+        self.striped.components()
+    }
+
+    async fn timed<T>(
+        &self,
+        op: OpKind,
+        bytes: u64,
+        f: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.stats.begin();
+        let t = std::time::Instant::now();
+        let r = f.await;
+        self.stats.end(op, bytes, t.elapsed(), r.is_ok());
+        r
+    }
+}
+
+#[async_trait]
+impl BlockDevice for Volume {
+    fn info(&self) -> &DeviceInfo {
+        self.striped.info()
+    }
+
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        let bytes = sectors.saturating_mul(512);
+        self.timed(OpKind::Read, bytes, self.striped.read(start, sectors, opts))
+            .await
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let bytes = data.len() as u64;
+        self.timed(OpKind::Write, bytes, self.striped.write(start, data, opts))
+            .await
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        self.timed(OpKind::Flush, 0, self.striped.flush(opts)).await
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        self.timed(
+            OpKind::Discard,
+            0,
+            self.striped.discard(start, sectors, opts),
+        )
+        .await
+    }
+}
