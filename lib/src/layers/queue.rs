@@ -15,11 +15,30 @@ use tokio::time::Instant;
 use crate::stats::{OpKind, Stats};
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 
-/// Permission to issue a request: the tag it holds and the tag kind to send.
-#[derive(Debug)]
+/// Permission to issue a request: the tag it holds and the tag kind to send. A grant that
+/// is never taken up (its request was cancelled after it was sent) gives the tag back when
+/// dropped, so openings are never lost.
 struct Grant {
     tag: Tag,
     kind: TagKind,
+    release: Option<Arc<Mutex<Inner>>>,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant").field("tag", &self.tag).finish()
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        if let Some(inner) = self.release.take() {
+            let mut g = inner.lock();
+            let now = g.now();
+            let _ = g.q.handle_completion(now, self.tag, Outcome::Failed);
+            pump(&inner, &mut g);
+        }
+    }
 }
 
 type Waiter = oneshot::Sender<Grant>;
@@ -71,9 +90,12 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) {
         let grant = Grant {
             tag: d.tag,
             kind: d.kind,
+            release: Some(Arc::clone(shared)),
         };
-        if d.req.send(grant).is_err() {
-            // The caller gave up before its turn came: release the tag at once.
+        if let Err(mut grant) = d.req.send(grant) {
+            // The caller gave up before its turn came: release the tag here (the lock is
+            // held, so not through the grant's drop).
+            grant.release = None;
             let _ = g.q.handle_completion(now, d.tag, Outcome::Failed);
         }
     }
@@ -190,13 +212,17 @@ impl<D: BlockDevice> Queue<D> {
         self.stats.begin();
         let started = std::time::Instant::now();
         let result = loop {
-            let Ok(grant) = rx.await else {
+            let Ok(mut grant) = rx.await else {
                 break Err(Error::Closed {
                     device: self.dev.info().name.clone(),
                 });
             };
+            // From here the guard, not the grant, gives the tag back if we are cancelled.
             let mut guard = TagGuard {
-                inner: Arc::clone(&self.inner),
+                inner: grant
+                    .release
+                    .take()
+                    .unwrap_or_else(|| Arc::clone(&self.inner)),
                 tag: Some(grant.tag),
             };
             let res = f(grant.kind).await;

@@ -1,0 +1,369 @@
+//! Model-based tests: random reads, writes, flushes and discards on volumes of every kind,
+//! over memory and file backends, with and without injected faults, against a `Vec<u8>`
+//! model. Every operation either matches the model or returns an error; a failed write
+//! leaves its sectors unknown (old or new) until they are written again; data acknowledged
+//! before a fault stays readable.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use tagstripe::quirks::QuirkSet;
+use tagstripe::striping::Flavor;
+use tagstripe::{
+    BlockDevice, FaultDevice, FaultKind, FileDevice, FileOptions, IoOpts, MemDevice, Volume,
+};
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Concat,
+    Stripes,
+    Uniform,
+    Mirror,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Mem,
+    File,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(u64, u64, u8),
+    Read(u64, u64),
+    Discard(u64, u64),
+    Flush,
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        4 => (any::<u64>(), 1u64..300, any::<u8>()).prop_map(|(s, n, b)| Op::Write(s, n, b)),
+        4 => (any::<u64>(), 1u64..300).prop_map(|(s, n)| Op::Read(s, n)),
+        1 => (any::<u64>(), 1u64..300).prop_map(|(s, n)| Op::Discard(s, n)),
+        1 => Just(Op::Flush),
+    ];
+    prop::collection::vec(op, 1..60)
+}
+
+/// The model: bytes, and which sectors are unknown after a failed write.
+struct Model {
+    data: Vec<u8>,
+    unknown: Vec<bool>,
+}
+
+fn sizes(kind: Kind) -> Vec<u64> {
+    match kind {
+        Kind::Concat | Kind::Stripes => vec![1000, 2000, 1500],
+        Kind::Uniform => vec![1024, 2048, 1536],
+        Kind::Mirror => vec![1040, 1040],
+    }
+}
+
+struct Fixture {
+    vol: Volume,
+    faults: Vec<Arc<FaultDevice<Arc<dyn BlockDevice>>>>,
+    _dir: Option<TempDir>,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
+    let mut dir = None;
+    let base: Vec<Arc<dyn BlockDevice>> = match backend {
+        Backend::Mem => sizes(kind)
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Arc::new(MemDevice::new(&format!("mem{i}"), s)) as Arc<dyn BlockDevice>)
+            .collect(),
+        Backend::File => {
+            // Unique per fixture: tests run in parallel threads of one process.
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "tagstripe-model-{}-{n}-{case}-{kind:?}",
+                std::process::id(),
+            ));
+            std::fs::create_dir_all(&path).unwrap();
+            let devs = sizes(kind)
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    Arc::new(
+                        FileDevice::create(
+                            path.join(format!("c{i}.img")),
+                            s,
+                            FileOptions::default(),
+                        )
+                        .unwrap(),
+                    ) as Arc<dyn BlockDevice>
+                })
+                .collect();
+            dir = Some(TempDir(path));
+            devs
+        }
+    };
+    let faults: Vec<_> = base
+        .into_iter()
+        .map(|d| Arc::new(FaultDevice::new(d)))
+        .collect();
+    let comps: Vec<Arc<dyn BlockDevice>> = faults
+        .iter()
+        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .collect();
+    let b = Volume::builder(comps).quirks(QuirkSet::empty());
+    let b = match kind {
+        Kind::Concat => b.interleave(0),
+        Kind::Stripes => b.interleave(16),
+        Kind::Uniform => b.interleave(32).uniform(true),
+        Kind::Mirror => b.interleave(16).flavor(Flavor::FreeBsd).mirror(true),
+    };
+    Fixture {
+        vol: b.build().unwrap(),
+        faults,
+        _dir: dir,
+    }
+}
+
+fn pattern(start: u64, n: u64, seed: u8) -> Vec<u8> {
+    (0..n * 512)
+        .map(|i| {
+            (i / 7 + start)
+                .wrapping_mul(31)
+                .wrapping_add(u64::from(seed)) as u8
+        })
+        .collect()
+}
+
+async fn run(
+    kind: Kind,
+    backend: Backend,
+    ops: Vec<Op>,
+    fault_rate: f64,
+    case: u64,
+) -> Result<(), TestCaseError> {
+    let f = fixture(kind, backend, case);
+    let total = f.vol.info().sectors;
+    let mut m = Model {
+        data: vec![0u8; total as usize * 512],
+        unknown: vec![false; total as usize],
+    };
+    if fault_rate > 0.0 {
+        for (i, d) in f.faults.iter().enumerate() {
+            d.random(
+                fault_rate,
+                FaultKind::Error,
+                case.wrapping_mul(31).wrapping_add(i as u64),
+            );
+        }
+    }
+    for op in ops {
+        match op {
+            Op::Write(s, n, seed) => {
+                let s = s % total;
+                let n = n.min(total - s);
+                let data = pattern(s, n, seed);
+                let r = f
+                    .vol
+                    .write(s, Bytes::from(data.clone()), IoOpts::new())
+                    .await;
+                let range = s as usize..(s + n) as usize;
+                match r {
+                    Ok(()) => {
+                        m.data[range.start * 512..range.end * 512].copy_from_slice(&data);
+                        m.unknown[range].fill(false);
+                    }
+                    Err(_) => {
+                        prop_assert!(fault_rate > 0.0, "write failed with no faults injected");
+                        m.unknown[range].fill(true);
+                    }
+                }
+            }
+            Op::Read(s, n) => {
+                let s = s % total;
+                let n = n.min(total - s);
+                match f.vol.read(s, n, IoOpts::new()).await {
+                    Ok(got) => {
+                        prop_assert_eq!(got.len() as u64, n * 512);
+                        for sec in s..s + n {
+                            if m.unknown[sec as usize] {
+                                continue;
+                            }
+                            let a = ((sec - s) * 512) as usize;
+                            let b = (sec * 512) as usize;
+                            prop_assert!(
+                                got[a..a + 512] == m.data[b..b + 512],
+                                "sector {} differs",
+                                sec
+                            );
+                        }
+                    }
+                    Err(_) => prop_assert!(fault_rate > 0.0, "read failed with no faults injected"),
+                }
+            }
+            Op::Discard(s, n) => {
+                let s = s % total;
+                let n = n.min(total - s);
+                let range = s as usize..(s + n) as usize;
+                match f.vol.discard(s, n, IoOpts::new()).await {
+                    Ok(()) => {
+                        m.data[range.start * 512..range.end * 512].fill(0);
+                        m.unknown[range].fill(false);
+                    }
+                    Err(_) => {
+                        prop_assert!(fault_rate > 0.0, "discard failed with no faults injected");
+                        m.unknown[range].fill(true);
+                    }
+                }
+            }
+            Op::Flush => {
+                let r = f.vol.flush(IoOpts::new()).await;
+                prop_assert!(r.is_ok() || fault_rate > 0.0);
+            }
+        }
+    }
+    // Faults off: everything acknowledged reads back.
+    for d in &f.faults {
+        d.clear();
+    }
+    let all = f
+        .vol
+        .read(0, total, IoOpts::new())
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for sec in 0..total as usize {
+        if !m.unknown[sec] {
+            prop_assert!(
+                all[sec * 512..sec * 512 + 512] == m.data[sec * 512..sec * 512 + 512],
+                "sector {} lost",
+                sec
+            );
+        }
+    }
+    Ok(())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![
+        Just(Kind::Concat),
+        Just(Kind::Stripes),
+        Just(Kind::Uniform),
+        Just(Kind::Mirror)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_volumes_match_the_model(kind in kind(), ops in ops()) {
+        rt().block_on(run(kind, Backend::Mem, ops, 0.0, 0))?;
+    }
+
+    #[test]
+    fn memory_volumes_with_faults_lose_nothing_acknowledged(kind in kind(), ops in ops(), case in any::<u64>()) {
+        rt().block_on(run(kind, Backend::Mem, ops, 0.05, case))?;
+    }
+
+    #[test]
+    fn file_volumes_match_the_model(kind in kind(), ops in ops(), case in any::<u64>()) {
+        rt().block_on(run(kind, Backend::File, ops, 0.0, case))?;
+    }
+
+    #[test]
+    fn file_volumes_with_faults_lose_nothing_acknowledged(kind in kind(), ops in ops(), case in any::<u64>()) {
+        rt().block_on(run(kind, Backend::File, ops, 0.05, case))?;
+    }
+}
+
+/// A mirror keeps serving reads with one side dead.
+#[test]
+fn mirror_reads_survive_a_dead_side() {
+    rt().block_on(async {
+        let f = fixture(Kind::Mirror, Backend::Mem, 1);
+        let data = pattern(0, 64, 9);
+        f.vol
+            .write(0, Bytes::from(data.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        f.faults[0].kill();
+        assert_eq!(f.vol.read(0, 64, IoOpts::new()).await.unwrap(), data);
+        f.faults[0].clear();
+        f.faults[1].kill();
+        assert_eq!(f.vol.read(0, 64, IoOpts::new()).await.unwrap(), data);
+        // Writes need both sides: a dead side fails them, naming the component.
+        let e = f
+            .vol
+            .write(0, Bytes::from(data), IoOpts::new())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("component 1"), "{e}");
+    });
+}
+
+/// QUEUE FULL and BUSY from a component are retried by its queue, not surfaced.
+#[test]
+fn queue_full_and_busy_are_retried() {
+    rt().block_on(async {
+        let f = fixture(Kind::Stripes, Backend::Mem, 2);
+        for (i, d) in f.faults.iter().enumerate() {
+            d.random(
+                0.3,
+                if i % 2 == 0 {
+                    FaultKind::QueueFull
+                } else {
+                    FaultKind::Busy
+                },
+                i as u64,
+            );
+        }
+        let data = pattern(0, 512, 3);
+        f.vol
+            .write(0, Bytes::from(data.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(f.vol.read(0, 512, IoOpts::new()).await.unwrap(), data);
+        assert!(f.faults.iter().map(|d| d.injected()).sum::<u64>() > 0);
+    });
+}
+
+/// Bad input is refused before anything is issued.
+#[test]
+fn bad_input_is_refused() {
+    rt().block_on(async {
+        let f = fixture(Kind::Stripes, Backend::Mem, 3);
+        let total = f.vol.info().sectors;
+        let io = IoOpts::new();
+        assert!(matches!(
+            f.vol.read(total, 1, io).await,
+            Err(tagstripe::Error::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            f.vol.read(u64::MAX, 2, io).await,
+            Err(tagstripe::Error::Overflow { .. })
+        ));
+        assert!(matches!(
+            f.vol.read(0, 0, io).await,
+            Err(tagstripe::Error::BadLength { .. })
+        ));
+        assert!(matches!(
+            f.vol.write(0, Bytes::from(vec![0u8; 100]), io).await,
+            Err(tagstripe::Error::BadLength { .. })
+        ));
+        assert!(f.faults.iter().all(|d| d.injected() == 0));
+    });
+}
