@@ -28,7 +28,9 @@ mod layers;
 mod stats;
 mod volume;
 
-pub use backend::{Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice};
+pub use backend::{
+    Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, sysfs_limits,
+};
 pub use device::{BlockDevice, DeviceInfo, IoOpts};
 pub use error::{Error, Result};
 pub use layers::{Queue, Split, Striped};

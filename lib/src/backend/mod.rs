@@ -5,5 +5,5 @@ mod file;
 mod mem;
 
 pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
-pub use file::{FileDevice, FileOptions};
+pub use file::{FileDevice, FileOptions, sysfs_limits};
 pub use mem::MemDevice;
