@@ -17,6 +17,7 @@ macro_rules! outln {
 }
 
 mod bench;
+mod info;
 mod map;
 mod quirks;
 mod split;
@@ -39,6 +40,9 @@ enum Command {
     Quirks(quirks::QuirksArgs),
     /// Benchmarks: the fairness story on the simulated disk.
     Bench(bench::BenchArgs),
+    /// What tagstripe sees of a file or block device: size, block sizes, limits, identity,
+    /// and the quirk row that applies.
+    Info(info::InfoArgs),
 }
 
 /// Exit code for usage errors and refused configurations (clap uses the same).
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Command::Split(args) => split::run(&args),
         Command::Quirks(args) => quirks::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Info(args) => info::run(&args),
     }
 }
 

@@ -1,0 +1,116 @@
+//! `tagstripe info PATH`: what a device looks like to tagstripe.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::json;
+use tagstripe::{BlockDevice, FileDevice, FileOptions};
+
+use crate::fail;
+use crate::quirks::{Overrides, limits_json, resolved_json};
+
+/// Arguments of `tagstripe info`.
+#[derive(Debug, Args)]
+pub(crate) struct InfoArgs {
+    /// A file or a block device.
+    path: PathBuf,
+    #[command(flatten)]
+    overrides: Overrides,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(args: &InfoArgs) -> ExitCode {
+    let is_block = std::fs::metadata(&args.path)
+        .map(|m| m.file_type().is_block_device())
+        .unwrap_or(false);
+    let opts = FileOptions {
+        read_only: true,
+        ..FileOptions::default()
+    };
+    let dev = if is_block {
+        FileDevice::open_block(&args.path, opts)
+    } else {
+        FileDevice::open(&args.path, opts)
+    };
+    let dev = match dev {
+        Ok(d) => d,
+        Err(e) => return fail("info", "open", &e.to_string(), args.json),
+    };
+    let set = match args.overrides.quirk_set() {
+        Ok(s) => s,
+        Err(e) => return fail("info", "bad_override", &e, args.json),
+    };
+    let info = dev.info();
+    let resolved = set.resolve(&info.identity);
+    let applied = match resolved.settings.apply(&info.limits) {
+        Ok(a) => a,
+        Err(e) => return fail("info", "bad_limits", &e.to_string(), args.json),
+    };
+    if args.json {
+        let mut q = resolved_json(&resolved, &applied);
+        q["effective_limits"] = limits_json(&applied.limits);
+        outln!(
+            "{}",
+            json!({
+                "path": args.path.display().to_string(),
+                "kind": if is_block { "block" } else { "file" },
+                "sectors": info.sectors,
+                "bytes": info.bytes(),
+                "logical_block_size": info.limits.logical_block_size,
+                "physical_block_size": info.limits.physical_block_size,
+                "hardware_limits": limits_json(&info.limits),
+                "quirks": q,
+            })
+        );
+        return ExitCode::SUCCESS;
+    }
+    outln!(
+        "{} ({}): {} sectors ({} bytes), logical {} B, physical {} B",
+        args.path.display(),
+        if is_block { "block device" } else { "file" },
+        info.sectors,
+        info.bytes(),
+        info.limits.logical_block_size,
+        info.limits.physical_block_size
+    );
+    outln!("identity: {}", info.identity);
+    let l = &info.limits;
+    outln!(
+        "hardware: max_hw_sectors {} max_sectors {} max_segments {} chunk {} discard {} tags {}",
+        l.max_hw_sectors,
+        l.max_sectors,
+        l.max_segments,
+        l.chunk_sectors,
+        l.max_discard_sectors,
+        l.max_tags
+    );
+    if resolved.matches.is_empty() {
+        outln!("quirks: no row applies");
+    }
+    for m in &resolved.matches {
+        outln!(
+            "quirk ({}): {} [{}; {}]",
+            m.layer.name(),
+            m.row.settings.to_force_string(),
+            m.row.source,
+            m.row.note
+        );
+    }
+    let e = &applied.limits;
+    outln!(
+        "effective: max_hw_sectors {} max_sectors {} tags {}..{} mod15write {}",
+        e.max_hw_sectors,
+        e.max_sectors,
+        e.min_tags,
+        e.max_tags,
+        applied.mod15write
+    );
+    for w in &applied.warnings {
+        outln!("warning: {w}");
+    }
+    ExitCode::SUCCESS
+}
