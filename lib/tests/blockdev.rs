@@ -1,72 +1,14 @@
 //! The Linux block-device backend on real loop devices (512-byte and 4 KiB sectors). Needs
 //! root and `losetup`; elsewhere each test prints why it skips. CI runs as root.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::{BlockDevice, Error, FileDevice, FileOptions, IoOpts, Volume};
 
-/// A loop device over a temporary file, detached and removed on drop.
-struct Loop {
-    dev: PathBuf,
-    file: PathBuf,
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
-        let _ = std::fs::remove_file(&self.file);
-    }
-}
-
-fn can_use_loop() -> Result<(), String> {
-    // SAFETY-free check of the effective user: `id -u` keeps this test crate free of libc.
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| format!("id: {e}"))?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Err("not root".into());
-    }
-    Command::new("losetup")
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("losetup not available: {e}"))?;
-    if !Path::new("/dev/loop-control").exists() {
-        return Err("no /dev/loop-control".into());
-    }
-    Ok(())
-}
-
-fn make_loop(tag: &str, mib: u64, sector_size: u32) -> Result<Loop, String> {
-    let file =
-        std::env::temp_dir().join(format!("tagstripe-loop-{}-{tag}.img", std::process::id()));
-    let f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
-    f.set_len(mib << 20).map_err(|e| e.to_string())?;
-    drop(f);
-    let out = Command::new("losetup")
-        .args([
-            "--find",
-            "--show",
-            "--sector-size",
-            &sector_size.to_string(),
-        ])
-        .arg(&file)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(&file);
-        return Err(format!(
-            "losetup failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned());
-    Ok(Loop { dev, file })
-}
+mod common;
+use common::{can_use_loop, make_loop};
 
 macro_rules! need_loop {
     () => {

@@ -26,7 +26,10 @@ enum Kind {
 enum Backend {
     Mem,
     File,
+    Loop,
 }
+
+mod common;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -64,6 +67,7 @@ struct Fixture {
     vol: Volume,
     faults: Vec<Arc<FaultDevice<Arc<dyn BlockDevice>>>>,
     _dir: Option<TempDir>,
+    _loops: Vec<common::Loop>,
 }
 
 struct TempDir(std::path::PathBuf);
@@ -76,7 +80,22 @@ impl Drop for TempDir {
 
 fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
     let mut dir = None;
+    let mut loops = Vec::new();
     let base: Vec<Arc<dyn BlockDevice>> = match backend {
+        Backend::Loop => sizes(kind)
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let lo = common::make_loop_bytes(&format!("model-{n}-{i}"), s * 512, 512)
+                    .expect("loop device");
+                let dev =
+                    FileDevice::open_block(&lo.dev, FileOptions::default()).expect("open loop");
+                loops.push(lo);
+                Arc::new(dev) as Arc<dyn BlockDevice>
+            })
+            .collect(),
         Backend::Mem => sizes(kind)
             .into_iter()
             .enumerate()
@@ -128,6 +147,7 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
         vol: b.build().unwrap(),
         faults,
         _dir: dir,
+        _loops: loops,
     }
 }
 
@@ -288,6 +308,30 @@ proptest! {
     fn file_volumes_with_faults_lose_nothing_acknowledged(kind in kind(), ops in ops(), case in any::<u64>()) {
         rt().block_on(run(kind, Backend::File, ops, 0.05, case))?;
     }
+}
+
+/// The same sequences on real loop devices (root only; CI runs as root).
+#[test]
+fn loop_device_volumes_match_the_model() {
+    if let Err(why) = common::can_use_loop() {
+        eprintln!("skipping loop-device model test: {why}");
+        return;
+    }
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 12,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(
+                kind(),
+                ops(),
+                any::<u64>(),
+                prop_oneof![Just(0.0), Just(0.05)],
+            ),
+            |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Loop, ops, rate, case)),
+        )
+        .unwrap();
 }
 
 /// A mirror keeps serving reads with one side dead.

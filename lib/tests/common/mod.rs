@@ -1,0 +1,71 @@
+//! Loop devices for the tests that need real block devices (root and `losetup`).
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A loop device over a temporary file, detached and removed on drop.
+pub struct Loop {
+    pub dev: PathBuf,
+    pub file: PathBuf,
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// Whether loop devices can be made here: root, `losetup`, `/dev/loop-control`.
+pub fn can_use_loop() -> Result<(), String> {
+    // The effective user by `id -u`, which keeps the tests free of libc.
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| format!("id: {e}"))?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Err("not root".into());
+    }
+    Command::new("losetup")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("losetup not available: {e}"))?;
+    if !Path::new("/dev/loop-control").exists() {
+        return Err("no /dev/loop-control".into());
+    }
+    Ok(())
+}
+
+/// A loop device over a file of `mib` MiB with the given sector size.
+pub fn make_loop(tag: &str, mib: u64, sector_size: u32) -> Result<Loop, String> {
+    make_loop_bytes(tag, mib << 20, sector_size)
+}
+
+/// A loop device over a file of exactly `bytes` bytes.
+pub fn make_loop_bytes(tag: &str, bytes: u64, sector_size: u32) -> Result<Loop, String> {
+    let file =
+        std::env::temp_dir().join(format!("tagstripe-loop-{}-{tag}.img", std::process::id()));
+    let f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
+    f.set_len(bytes).map_err(|e| e.to_string())?;
+    drop(f);
+    let out = Command::new("losetup")
+        .args([
+            "--find",
+            "--show",
+            "--sector-size",
+            &sector_size.to_string(),
+        ])
+        .arg(&file)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&file);
+        return Err(format!(
+            "losetup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    Ok(Loop { dev, file })
+}
