@@ -29,7 +29,8 @@ mod stats;
 mod volume;
 
 pub use backend::{
-    Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, sysfs_limits,
+    Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
+    sysfs_limits,
 };
 pub use device::{BlockDevice, DeviceInfo, IoOpts};
 pub use error::{Error, Result};

@@ -31,7 +31,10 @@ mod rng;
 pub mod sim;
 mod types;
 
-pub use disk::{CacheMode, DeviceOrder, DiskConfig, DiskEvent, DiskModel, Profile};
+pub use disk::{
+    CacheMode, DeviceOrder, DiskCommand, DiskConfig, DiskEvent, DiskModel, DiskOp, Profile,
+    SsdConfig,
+};
 pub use error::Error;
 pub use policy::{
     Choice, Deadline, Fair, FairConfig, Fifo, Head, PeriodicOrdered, Policy, Release, View,

@@ -3,7 +3,9 @@
 mod fault;
 mod file;
 mod mem;
+mod sim;
 
 pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
 pub use file::{FileDevice, FileOptions, sysfs_limits};
 pub use mem::MemDevice;
+pub use sim::SimDevice;
