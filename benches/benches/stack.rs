@@ -44,31 +44,55 @@ fn bench_stack(c: &mut Criterion) {
     });
 
     let mut g = c.benchmark_group("stack");
-    g.throughput(Throughput::Bytes(1 << 20));
-    // memcpy of the same size from the same kind of memory: the reference.
-    let src = vec![0x5Au8; 64 << 20];
+    // 16 MiB per iteration: 16 requests of 1 MiB, one at a time.
+    g.throughput(Throughput::Bytes(16 << 20));
+    // memcpy of the same bytes from the same kind of memory: a source as large as the
+    // volume, walked the same way (a smaller one would sit in the TLB's reach and flatter
+    // memcpy: measured here, 55 µs per MiB from 64 MiB against 165 µs from 1 GiB).
+    let src = vec![0x5Au8; total as usize * 512];
     let mut dst = vec![0u8; 1 << 20];
     let mut at = 0usize;
     g.bench_function(BenchmarkId::new("1m", "memcpy"), |b| {
         b.iter(|| {
-            at = (at + (1 << 20)) % src.len();
-            dst.copy_from_slice(&src[at..at + (1 << 20)]);
-            black_box(&dst);
+            for _ in 0..16 {
+                at = (at + (1 << 20)) % src.len();
+                dst.copy_from_slice(&src[at..at + (1 << 20)]);
+                black_box(&dst);
+            }
         })
     });
     let mut next = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    g.bench_function(BenchmarkId::new("1m", "volume-read-into"), |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                for _ in 0..16 {
+                    next = (next + 2048) % total;
+                    vol.read_into(next, &mut buf, IoOpts::new()).await.unwrap();
+                }
+            });
+            black_box(&buf);
+        })
+    });
     g.bench_function(BenchmarkId::new("1m", "volume-read"), |b| {
         b.iter(|| {
-            next = (next + 2048) % total;
-            rt.block_on(vol.read(next, 2048, IoOpts::new())).unwrap()
+            rt.block_on(async {
+                for _ in 0..16 {
+                    next = (next + 2048) % total;
+                    black_box(vol.read(next, 2048, IoOpts::new()).await.unwrap());
+                }
+            })
         })
     });
     let data = Bytes::from(mib.clone());
     g.bench_function(BenchmarkId::new("1m", "volume-write"), |b| {
         b.iter(|| {
-            next = (next + 2048) % total;
-            rt.block_on(vol.write(next, data.clone(), IoOpts::new()))
-                .unwrap()
+            rt.block_on(async {
+                for _ in 0..16 {
+                    next = (next + 2048) % total;
+                    vol.write(next, data.clone(), IoOpts::new()).await.unwrap();
+                }
+            })
         })
     });
 
@@ -83,12 +107,14 @@ fn bench_stack(c: &mut Criterion) {
                     let vol = Arc::clone(&vol);
                     tasks.push(tokio::spawn(async move {
                         let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                        let mut buf = [0u8; 4096];
                         for _ in 0..64 {
                             x ^= x << 13;
                             x ^= x >> 7;
                             x ^= x << 17;
                             let s = x % (total / 8) * 8;
-                            black_box(vol.read(s, 8, IoOpts::new()).await.unwrap());
+                            vol.read_into(s, &mut buf, IoOpts::new()).await.unwrap();
+                            black_box(&buf);
                         }
                     }));
                 }

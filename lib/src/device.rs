@@ -128,6 +128,17 @@ impl DeviceInfo {
     }
 }
 
+/// The sectors a buffer of `len` bytes holds, or [`Error::BadLength`].
+pub(crate) fn sectors_of(info: &DeviceInfo, len: usize) -> Result<u64> {
+    if len % 512 != 0 {
+        return Err(Error::BadLength {
+            device: info.name.clone(),
+            what: format!("{len} bytes is not a whole number of sectors"),
+        });
+    }
+    Ok(len as u64 / 512)
+}
+
 /// How a request is to be treated: its I/O class, its tag kind, and forced unit access.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IoOpts {
@@ -176,6 +187,16 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Reads `sectors` sectors from `start`.
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes>;
 
+    /// Reads `buf.len()` bytes (whole sectors) from `start` into `buf`: the path with no
+    /// allocation, for callers that reuse buffers. The default reads and copies; backends
+    /// and layers that can fill `buf` directly do.
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = sectors_of(self.info(), buf.len())?;
+        let data = self.read(start, sectors, opts).await?;
+        buf.copy_from_slice(&data);
+        Ok(())
+    }
+
     /// Writes `data` (whole sectors) at `start`.
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()>;
 
@@ -193,6 +214,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     }
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         (**self).read(start, sectors, opts).await
+    }
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        (**self).read_into(start, buf, opts).await
     }
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         (**self).write(start, data, opts).await

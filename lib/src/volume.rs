@@ -226,6 +226,16 @@ impl BlockDevice for Volume {
             .await
     }
 
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let bytes = buf.len() as u64;
+        self.timed(
+            OpKind::Read,
+            bytes,
+            self.striped.read_into(start, buf, opts),
+        )
+        .await
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
         self.timed(OpKind::Write, bytes, self.striped.write(start, data, opts))

@@ -226,6 +226,17 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
         }
     }
 
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(self.info(), buf.len())?;
+        self.info().check(start, sectors)?;
+        let (fault, latency) = self.decide(FaultOp::Read, Some((start, start + sectors)));
+        pause(latency).await;
+        match fault {
+            Some(k) => Err(self.error(k, "read", start, sectors)),
+            None => self.inner.read_into(start, buf, opts).await,
+        }
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info().check_write(start, data.len())?;
         let (fault, latency) = self.decide(FaultOp::Write, Some((start, start + sectors)));

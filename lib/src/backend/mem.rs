@@ -86,6 +86,15 @@ impl BlockDevice for MemDevice {
         Ok(out.freeze())
     }
 
+    async fn read_into(&self, start: u64, buf: &mut [u8], _opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(&self.info, buf.len())?;
+        self.info.check(start, sectors)?;
+        self.for_range(start as usize * 512, buf.len(), |s, at, n, done| {
+            buf[done..done + n].copy_from_slice(&s.read()[at..at + n]);
+        });
+        Ok(())
+    }
+
     async fn write(&self, start: u64, data: Bytes, _opts: IoOpts) -> Result<()> {
         self.info.check_write(start, data.len())?;
         self.for_range(start as usize * 512, data.len(), |s, at, n, done| {

@@ -191,6 +191,17 @@ impl BlockDevice for SimDevice {
         self.data.read(start, sectors, opts).await
     }
 
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(self.info(), buf.len())?;
+        self.info().check(start, sectors)?;
+        let cmd = DiskCommand {
+            kind: opts.kind,
+            ..read_cmd(start, sectors)
+        };
+        self.timed(cmd).await?;
+        self.data.read_into(start, buf, opts).await
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info().check_write(start, data.len())?;
         let cmd = DiskCommand {

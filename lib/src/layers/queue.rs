@@ -184,11 +184,69 @@ impl<D: BlockDevice> Queue<D> {
         self.inner.lock().q.openings()
     }
 
-    async fn run<T, F, Fut>(&self, op: OpKind, bytes: u64, opts: IoOpts, f: F) -> Result<T>
-    where
-        F: Fn(TagKind) -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
+    /// Queues a request with this metadata; the receiver gets its grant.
+    fn acquire(&self, meta: Meta) -> Result<oneshot::Receiver<Grant>> {
+        let (tx, rx) = oneshot::channel();
+        let mut g = self.inner.lock();
+        let now = g.now();
+        g.q.submit(now, tx, meta).map_err(|_| Error::QueueFull {
+            device: self.dev.info().name.clone(),
+        })?;
+        pump(&self.inner, &mut g);
+        Ok(rx)
+    }
+
+    /// Takes up a grant: from here a guard gives the tag back if the caller is cancelled.
+    async fn wait(&self, rx: oneshot::Receiver<Grant>) -> Result<(TagGuard, Tag, TagKind)> {
+        let Ok(mut grant) = rx.await else {
+            return Err(Error::Closed {
+                device: self.dev.info().name.clone(),
+            });
+        };
+        let guard = TagGuard {
+            inner: grant
+                .release
+                .take()
+                .unwrap_or_else(|| Arc::clone(&self.inner)),
+            tag: Some(grant.tag),
+        };
+        Ok((guard, grant.tag, grant.kind))
+    }
+
+    /// Reports how the device answered; `Some` with a new receiver if the queue retries.
+    fn release<T>(
+        &self,
+        mut guard: TagGuard,
+        tag: Tag,
+        res: &Result<T>,
+    ) -> Option<oneshot::Receiver<Grant>> {
+        guard.tag = None;
+        let mut g = self.inner.lock();
+        let now = g.now();
+        let again = match res {
+            Err(e) if e.is_retryable() => {
+                let (tx, rx) = oneshot::channel();
+                let outcome = match e {
+                    Error::Busy { .. } => Outcome::Busy(tx),
+                    _ => Outcome::QueueFull(tx),
+                };
+                let _ = g.q.handle_completion(now, tag, outcome);
+                Some(rx)
+            }
+            Ok(_) => {
+                let _ = g.q.handle_completion(now, tag, Outcome::Done);
+                None
+            }
+            Err(_) => {
+                let _ = g.q.handle_completion(now, tag, Outcome::Failed);
+                None
+            }
+        };
+        pump(&self.inner, &mut g);
+        again
+    }
+
+    fn meta(op: OpKind, opts: IoOpts) -> Meta {
         let dir = if op == OpKind::Read {
             Dir::Read
         } else {
@@ -199,57 +257,26 @@ impl<D: BlockDevice> Queue<D> {
         } else {
             opts.kind
         };
-        let meta = Meta::new(opts.class, dir).with_kind(kind);
-        let (tx, mut rx) = oneshot::channel();
-        {
-            let mut g = self.inner.lock();
-            let now = g.now();
-            g.q.submit(now, tx, meta).map_err(|_| Error::QueueFull {
-                device: self.dev.info().name.clone(),
-            })?;
-            pump(&self.inner, &mut g);
-        }
+        Meta::new(opts.class, dir).with_kind(kind)
+    }
+
+    async fn run<T, F, Fut>(&self, op: OpKind, bytes: u64, opts: IoOpts, f: F) -> Result<T>
+    where
+        F: Fn(TagKind) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut rx = self.acquire(Self::meta(op, opts))?;
         self.stats.begin();
         let started = std::time::Instant::now();
         let result = loop {
-            let Ok(mut grant) = rx.await else {
-                break Err(Error::Closed {
-                    device: self.dev.info().name.clone(),
-                });
+            let (guard, tag, kind) = match self.wait(rx).await {
+                Ok(x) => x,
+                Err(e) => break Err(e),
             };
-            // From here the guard, not the grant, gives the tag back if we are cancelled.
-            let mut guard = TagGuard {
-                inner: grant
-                    .release
-                    .take()
-                    .unwrap_or_else(|| Arc::clone(&self.inner)),
-                tag: Some(grant.tag),
-            };
-            let res = f(grant.kind).await;
-            guard.tag = None;
-            let mut g = self.inner.lock();
-            let now = g.now();
-            match res {
-                Err(e) if e.is_retryable() => {
-                    let (tx, again) = oneshot::channel();
-                    let outcome = match e {
-                        Error::Busy { .. } => Outcome::Busy(tx),
-                        _ => Outcome::QueueFull(tx),
-                    };
-                    let _ = g.q.handle_completion(now, grant.tag, outcome);
-                    pump(&self.inner, &mut g);
-                    rx = again;
-                }
-                res => {
-                    let outcome = if res.is_ok() {
-                        Outcome::Done
-                    } else {
-                        Outcome::Failed
-                    };
-                    let _ = g.q.handle_completion(now, grant.tag, outcome);
-                    pump(&self.inner, &mut g);
-                    break res;
-                }
+            let res = f(kind).await;
+            match self.release(guard, tag, &res) {
+                Some(again) => rx = again,
+                None => break res,
             }
         };
         self.stats.end(op, bytes, started.elapsed(), result.is_ok());
@@ -273,6 +300,29 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
             self.dev.read(start, sectors, with_kind(opts, k))
         })
         .await
+    }
+
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(self.dev.info(), buf.len())?;
+        self.dev.info().check(start, sectors)?;
+        let mut rx = self.acquire(Self::meta(OpKind::Read, opts))?;
+        self.stats.begin();
+        let started = std::time::Instant::now();
+        let result = loop {
+            let (guard, tag, kind) = match self.wait(rx).await {
+                Ok(x) => x,
+                Err(e) => break Err(e),
+            };
+            let res = self.dev.read_into(start, buf, with_kind(opts, kind)).await;
+            match self.release(guard, tag, &res) {
+                Some(again) => rx = again,
+                None => break res,
+            }
+        };
+        let bytes = buf.len() as u64;
+        self.stats
+            .end(OpKind::Read, bytes, started.elapsed(), result.is_ok());
+        result
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {

@@ -68,6 +68,20 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         Ok(super::gather(try_join_all(reads).await?))
     }
 
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(&self.info, buf.len())?;
+        self.info.check(start, sectors)?;
+        let mut rest = buf;
+        let mut reads = Vec::new();
+        for p in self.splitter.split(Op::Read, start, sectors)? {
+            let (part, tail) = rest.split_at_mut(p.sectors as usize * 512);
+            rest = tail;
+            reads.push(self.dev.read_into(p.start, part, opts));
+        }
+        try_join_all(reads).await?;
+        Ok(())
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         let pieces = self.splitter.split(Op::Write, start, sectors)?;

@@ -135,6 +135,26 @@ impl Striped {
     }
 }
 
+impl Striped {
+    async fn read_piece_into(&self, p: Piece, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let (_, first) = self.reads.lock().choose(&p);
+        match self.components[first].read_into(p.cblk, buf, opts).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let other = match p.mirror {
+                    Some(m) if m == first => p.component,
+                    Some(m) => m,
+                    None => return Err(component(first, e)),
+                };
+                self.components[other]
+                    .read_into(p.cblk, buf, opts)
+                    .await
+                    .map_err(|_| component(first, e))
+            }
+        }
+    }
+}
+
 fn component(i: usize, e: Error) -> Error {
     match e {
         Error::Component { .. } => e,
@@ -156,6 +176,20 @@ impl BlockDevice for Striped {
         let pieces = self.pieces(start, sectors)?;
         let parts = try_join_all(pieces.into_iter().map(|p| self.read_piece(p, opts))).await?;
         Ok(super::gather(parts))
+    }
+
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(&self.info, buf.len())?;
+        self.info.check(start, sectors)?;
+        let mut rest = buf;
+        let mut reads = Vec::new();
+        for p in self.geometry.map(start, sectors)? {
+            let (part, tail) = rest.split_at_mut(p.count as usize * 512);
+            rest = tail;
+            reads.push(self.read_piece_into(p, part, opts));
+        }
+        try_join_all(reads).await?;
+        Ok(())
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
