@@ -28,6 +28,8 @@ mod layers;
 mod stats;
 mod volume;
 
+#[cfg(feature = "uring")]
+pub use backend::UringDevice;
 pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
     sysfs_limits,

@@ -163,6 +163,12 @@ impl FileDevice {
         Self::open(path, opts)
     }
 
+    /// The open file, for a backend that drives it another way (io_uring).
+    #[cfg(feature = "uring")]
+    pub(crate) fn into_file(self) -> io::Result<File> {
+        Arc::try_unwrap(self.file).or_else(|shared| shared.try_clone())
+    }
+
     fn err(&self, op: &'static str, start: u64, sectors: u64, source: io::Error) -> Error {
         Error::Io {
             device: self.info.name.clone(),

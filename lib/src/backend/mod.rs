@@ -4,8 +4,12 @@ mod fault;
 mod file;
 mod mem;
 mod sim;
+#[cfg(feature = "uring")]
+mod uring;
 
 pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
 pub use file::{FileDevice, FileOptions, sysfs_limits};
 pub use mem::MemDevice;
 pub use sim::SimDevice;
+#[cfg(feature = "uring")]
+pub use uring::UringDevice;
