@@ -71,9 +71,13 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
+        let mut pieces = self.splitter.split(Op::Read, start, sectors)?;
+        if let Some(p) = pieces.clone().next().filter(|p| p.sectors == sectors) {
+            return self.dev.read_into(p.start, buf, opts).await;
+        }
         let mut rest = buf;
         let mut reads = Vec::new();
-        for p in self.splitter.split(Op::Read, start, sectors)? {
+        for p in pieces.by_ref() {
             let (part, tail) = rest.split_at_mut(p.sectors as usize * 512);
             rest = tail;
             reads.push(self.dev.read_into(p.start, part, opts));

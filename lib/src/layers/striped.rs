@@ -137,7 +137,11 @@ impl Striped {
 
 impl Striped {
     async fn read_piece_into(&self, p: Piece, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        let (_, first) = self.reads.lock().choose(&p);
+        let first = if p.mirror.is_some() {
+            self.reads.lock().choose(&p).1
+        } else {
+            p.component
+        };
         match self.components[first].read_into(p.cblk, buf, opts).await {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -181,9 +185,14 @@ impl BlockDevice for Striped {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
+        let mut pieces = self.geometry.map(start, sectors)?;
+        if let Some(p) = pieces.clone().next().filter(|p| p.count == sectors) {
+            // One piece (the common small request): no gathering at all.
+            return self.read_piece_into(p, buf, opts).await;
+        }
         let mut rest = buf;
         let mut reads = Vec::new();
-        for p in self.geometry.map(start, sectors)? {
+        for p in pieces.by_ref() {
             let (part, tail) = rest.split_at_mut(p.count as usize * 512);
             rest = tail;
             reads.push(self.read_piece_into(p, part, opts));
