@@ -1,0 +1,135 @@
+//! Layer behaviours: nested volumes, torn writes, statistics, quirks applied by identity.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tagstripe::quirks::{Identity, QuirkSet};
+use tagstripe::{
+    BlockDevice, DeviceInfo, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice,
+    Volume,
+};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn mem(n: usize, sectors: u64) -> Vec<Arc<dyn BlockDevice>> {
+    (0..n)
+        .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), sectors)) as Arc<dyn BlockDevice>)
+        .collect()
+}
+
+#[test]
+fn a_volume_is_a_component_of_another_volume() {
+    rt().block_on(async {
+        let inner_a = Arc::new(
+            Volume::builder(mem(2, 4096))
+                .interleave(16)
+                .build()
+                .unwrap(),
+        );
+        let inner_b = Arc::new(
+            Volume::builder(mem(3, 4096))
+                .interleave(32)
+                .build()
+                .unwrap(),
+        );
+        let outer = Volume::builder(vec![inner_a as Arc<dyn BlockDevice>, inner_b])
+            .interleave(64)
+            .build()
+            .unwrap();
+        assert_eq!(outer.info().sectors, 8192 + 12288);
+        let data: Vec<u8> = (0..outer.info().bytes()).map(|i| (i % 241) as u8).collect();
+        outer
+            .write(0, Bytes::from(data.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            outer
+                .read(0, outer.info().sectors, IoOpts::new())
+                .await
+                .unwrap(),
+            data
+        );
+    });
+}
+
+#[test]
+fn a_torn_write_is_an_error_and_leaves_a_prefix() {
+    rt().block_on(async {
+        let dev = FaultDevice::new(MemDevice::new("m", 1024));
+        dev.inject(Fault {
+            nth: Some(1),
+            ..Fault::always(FaultOp::Write, FaultKind::TornWrite)
+        });
+        let e = dev
+            .write(0, Bytes::from(vec![9u8; 8 * 512]), IoOpts::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Io { op: "write", .. }), "{e}");
+        let back = dev.read(0, 8, IoOpts::new()).await.unwrap();
+        assert_eq!(
+            &back[..4 * 512],
+            &vec![9u8; 4 * 512][..],
+            "the first half landed"
+        );
+        assert_eq!(
+            &back[4 * 512..],
+            &vec![0u8; 4 * 512][..],
+            "the rest did not"
+        );
+        // Only the first write was torn.
+        dev.write(0, Bytes::from(vec![1u8; 512]), IoOpts::new())
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn volume_stats_count_transfers_and_latency() {
+    rt().block_on(async {
+        let vol = Volume::builder(mem(2, 4096)).build().unwrap();
+        let before = vol.stats().snapshot();
+        for i in 0..10 {
+            vol.write(i * 8, Bytes::from(vec![1u8; 4096]), IoOpts::new())
+                .await
+                .unwrap();
+            vol.read(i * 8, 8, IoOpts::new()).await.unwrap();
+        }
+        let _ = vol.read(1 << 30, 8, IoOpts::new()).await;
+        let after = vol.stats().snapshot();
+        assert_eq!(after.transfers() - before.transfers(), 20);
+        assert_eq!(after.errors, 1);
+        assert_eq!(after.kb_per_transfer(&before), 4.0);
+        assert!(after.latency_percentile(0.99).is_some());
+        assert_eq!(after.in_flight, 0);
+    });
+}
+
+#[test]
+fn quirks_apply_by_identity_when_building_a_volume() {
+    rt().block_on(async {
+        // A listed mod-15 Seagate behind a 2560-sector controller: Linux's 15-sector cap.
+        let mut info = DeviceInfo::new("st", 1 << 16);
+        info.identity = Identity::new("ATA", "ST380023AS", "3.01");
+        info.limits.max_hw_sectors = 2560;
+        let seagate = Arc::new(MemDevice::with_info(info)) as Arc<dyn BlockDevice>;
+        let vol = Volume::builder(vec![seagate])
+            .interleave(0)
+            .quirks(QuirkSet::builtin())
+            .build()
+            .unwrap();
+        assert_eq!(vol.components()[0].info().limits.max_sectors, 2560);
+        vol.write(0, Bytes::from(vec![5u8; 2576 * 512]), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            vol.read(0, 2576, IoOpts::new()).await.unwrap(),
+            vec![5u8; 2576 * 512]
+        );
+    });
+}
