@@ -179,6 +179,9 @@ impl IoOpts {
 /// Contract: a request that fails validation returns an error and touches nothing; `write`
 /// returns `Ok` only once the data is written (durably if `opts.fua`); `flush` makes every
 /// completed write durable; after `discard`, the sectors read as zeroes on the backends here.
+/// A request split into pieces returns only when every piece has finished, even when one
+/// fails. Dropping a request's future before it completes leaves its outcome undefined:
+/// I/O already handed to the operating system may still land.
 #[async_trait]
 pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Size, limits and identity.

@@ -2,7 +2,6 @@
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures_util::future::try_join_all;
 use tagstripe_quirks::{Applied, Mod15, Op, Splitter};
 
 use crate::{BlockDevice, DeviceInfo, IoOpts, Result};
@@ -65,7 +64,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         self.info.check(start, sectors)?;
         let pieces = self.splitter.split(Op::Read, start, sectors)?;
         let reads = pieces.map(|p| self.dev.read(p.start, p.sectors, opts));
-        Ok(super::gather(try_join_all(reads).await?))
+        Ok(super::gather(super::all(reads).await?))
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
@@ -82,7 +81,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
             rest = tail;
             reads.push(self.dev.read_into(p.start, part, opts));
         }
-        try_join_all(reads).await?;
+        super::all(reads).await?;
         Ok(())
     }
 
@@ -94,7 +93,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
             let part = data.slice(off..off + p.sectors as usize * 512);
             self.dev.write(p.start, part, opts)
         });
-        try_join_all(writes).await?;
+        super::all(writes).await?;
         Ok(())
     }
 
@@ -109,7 +108,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
             return self.dev.discard(start, sectors, opts).await;
         }
         let pieces = self.splitter.split(Op::Discard, start, sectors)?;
-        try_join_all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
+        super::all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
         Ok(())
     }
 }

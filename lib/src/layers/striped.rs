@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures_util::future::try_join_all;
 use parking_lot::Mutex;
 use tagstripe_quirks::{Limits, StripeShape};
 use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
@@ -178,7 +177,7 @@ impl BlockDevice for Striped {
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
         let pieces = self.pieces(start, sectors)?;
-        let parts = try_join_all(pieces.into_iter().map(|p| self.read_piece(p, opts))).await?;
+        let parts = super::all(pieces.into_iter().map(|p| self.read_piece(p, opts))).await?;
         Ok(super::gather(parts))
     }
 
@@ -197,7 +196,7 @@ impl BlockDevice for Striped {
             rest = tail;
             reads.push(self.read_piece_into(p, part, opts));
         }
-        try_join_all(reads).await?;
+        super::all(reads).await?;
         Ok(())
     }
 
@@ -217,7 +216,7 @@ impl BlockDevice for Striped {
                 }
             })
         });
-        try_join_all(writes).await?;
+        super::all(writes).await?;
         Ok(())
     }
 
@@ -227,7 +226,7 @@ impl BlockDevice for Striped {
             .iter()
             .enumerate()
             .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, e)) });
-        try_join_all(flushes).await?;
+        super::all(flushes).await?;
         Ok(())
     }
 
@@ -242,7 +241,7 @@ impl BlockDevice for Striped {
                     .map_err(|e| component(c, e))
             })
         });
-        try_join_all(discards).await?;
+        super::all(discards).await?;
         Ok(())
     }
 }
