@@ -232,13 +232,16 @@ impl<R, P: Policy> TagQueue<R, P> {
             active: self.active,
             pending: std::array::from_fn(|i| self.pending[i].len()),
             heads,
-            oldest_interactive_at_device: self
-                .slots
-                .iter()
-                .flatten()
-                .filter(|s| s.meta.class == IoClass::Interactive)
-                .map(|s| s.dispatched)
-                .min(),
+            oldest_interactive_at_device: if self.active[IoClass::Interactive.index()] == 0 {
+                None
+            } else {
+                self.slots
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.meta.class == IoClass::Interactive)
+                    .map(|s| s.dispatched)
+                    .min()
+            },
         };
         self.wait_until = None;
         match self.policy.choose(&view) {

@@ -197,8 +197,14 @@ impl<D: BlockDevice> Queue<D> {
     }
 
     /// Takes up a grant: from here a guard gives the tag back if the caller is cancelled.
-    async fn wait(&self, rx: oneshot::Receiver<Grant>) -> Result<(TagGuard, Tag, TagKind)> {
-        let Ok(mut grant) = rx.await else {
+    async fn wait(&self, mut rx: oneshot::Receiver<Grant>) -> Result<(TagGuard, Tag, TagKind)> {
+        // Usually the grant is already there (an opening was free): no need to park.
+        let grant = match rx.try_recv() {
+            Ok(g) => Ok(g),
+            Err(oneshot::error::TryRecvError::Empty) => rx.await.map_err(|_| ()),
+            Err(oneshot::error::TryRecvError::Closed) => Err(()),
+        };
+        let Ok(mut grant) = grant else {
             return Err(Error::Closed {
                 device: self.dev.info().name.clone(),
             });
