@@ -46,21 +46,8 @@ impl FileDevice {
     /// [`Error::Io`] if it cannot be opened, [`Error::BadLength`] if it holds no whole
     /// block, [`Error::Limits`] for an invalid block size.
     pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
-        let path = path.as_ref();
-        let name = path.display().to_string();
-        let io_err = |op, source| Error::Io {
-            device: name.clone(),
-            op,
-            start: 0,
-            sectors: 0,
-            source,
-        };
-        let mut o = OpenOptions::new();
-        o.read(true).write(!opts.read_only);
-        if opts.direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        let file = o.open(path).map_err(|e| io_err("open", e))?;
+        let (file, name) = open_with(path.as_ref(), opts)?;
+        let io_err = |op, source| open_error(&name, op, source);
         let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
         let mut info = DeviceInfo::new(name.clone(), 0);
         info.limits.logical_block_size = if opts.logical_block_size == 0 {
@@ -95,21 +82,8 @@ impl FileDevice {
     /// what the kernel reports does not validate.
     pub fn open_block(path: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
         use std::os::unix::fs::FileTypeExt;
-        let path = path.as_ref();
-        let name = path.display().to_string();
-        let io_err = |op, source| Error::Io {
-            device: name.clone(),
-            op,
-            start: 0,
-            sectors: 0,
-            source,
-        };
-        let mut o = OpenOptions::new();
-        o.read(true).write(!opts.read_only);
-        if opts.direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        let file = o.open(path).map_err(|e| io_err("open", e))?;
+        let (file, name) = open_with(path.as_ref(), opts)?;
+        let io_err = |op, source| open_error(&name, op, source);
         let meta = file.metadata().map_err(|e| io_err("stat", e))?;
         if !meta.file_type().is_block_device() {
             return Err(io_err(
@@ -192,6 +166,28 @@ impl FileDevice {
             Err(join) => Err(self.err(op, start, sectors, io::Error::other(join.to_string()))),
         }
     }
+}
+
+fn open_error(name: &str, op: &'static str, source: io::Error) -> Error {
+    Error::Io {
+        device: name.to_owned(),
+        op,
+        start: 0,
+        sectors: 0,
+        source,
+    }
+}
+
+/// Opens `path` read-write (or read-only), with `O_DIRECT` if asked; returns it and its name.
+fn open_with(path: &Path, opts: FileOptions) -> Result<(File, String)> {
+    let name = path.display().to_string();
+    let mut o = OpenOptions::new();
+    o.read(true).write(!opts.read_only);
+    if opts.direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    let file = o.open(path).map_err(|e| open_error(&name, "open", e))?;
+    Ok((file, name))
 }
 
 /// A zeroed buffer of `len` bytes whose start is aligned for `O_DIRECT`, as a `Vec` and the
