@@ -419,6 +419,17 @@ impl<R, P: Policy> TagQueue<R, P> {
         self.pending.iter().map(VecDeque::len).sum::<usize>() + self.head_of_queue.len()
     }
 
+    /// The request of a still-pending ticket, to change it in place (e.g. to attach a way
+    /// to notify its submitter once it turns out it has to wait).
+    pub fn pending_mut(&mut self, ticket: Ticket) -> Option<&mut R> {
+        self.pending
+            .iter_mut()
+            .chain(std::iter::once(&mut self.head_of_queue))
+            .flat_map(|q| q.iter_mut())
+            .find(|p| p.ticket == ticket)
+            .map(|p| &mut p.req)
+    }
+
     /// The policy.
     #[must_use]
     pub fn policy(&self) -> &P {

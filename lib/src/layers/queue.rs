@@ -41,7 +41,27 @@ impl Drop for Grant {
     }
 }
 
-type Waiter = oneshot::Sender<Grant>;
+/// Who to tell when a request gets its tag: nobody yet (the submitter is still holding the
+/// lock and looks at the dispatches itself), or a channel it waits on.
+enum Waiter {
+    Inline,
+    Channel(oneshot::Sender<Grant>),
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Inline => "Inline",
+            Self::Channel(_) => "Channel",
+        })
+    }
+}
+
+/// How a request got (or will get) its tag.
+enum Acquired {
+    Now(Tag, TagKind),
+    Wait(oneshot::Receiver<Grant>),
+}
 
 struct Inner {
     q: TagQueue<Waiter, Box<dyn Policy + Send>>,
@@ -78,21 +98,30 @@ impl Drop for TagGuard {
             let mut g = self.inner.lock();
             let now = g.now();
             let _ = g.q.handle_completion(now, tag, Outcome::Failed);
-            pump(&self.inner, &mut g);
+            let _ = pump(&self.inner, &mut g);
         }
     }
 }
 
-/// Dispatches whatever the queue allows, hands the grants out, and arms the timer.
-fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) {
+/// Dispatches whatever the queue allows, hands the grants out, and arms the timer. A grant
+/// for the request submitted in this same critical section (`Waiter::Inline`) is returned.
+fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
     let now = g.now();
+    let mut inline = None;
     while let Some(d) = g.q.poll_dispatch(now) {
+        let tx = match d.req {
+            Waiter::Inline => {
+                inline = Some((d.tag, d.kind));
+                continue;
+            }
+            Waiter::Channel(tx) => tx,
+        };
         let grant = Grant {
             tag: d.tag,
             kind: d.kind,
             release: Some(Arc::clone(shared)),
         };
-        if let Err(mut grant) = d.req.send(grant) {
+        if let Err(mut grant) = tx.send(grant) {
             // The caller gave up before its turn came: release the tag here (the lock is
             // held, so not through the grant's drop).
             grant.release = None;
@@ -112,11 +141,12 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) {
                     g.timer_at = None;
                     let now = g.now();
                     g.q.handle_timeout(now);
-                    pump(&shared, &mut g);
+                    let _ = pump(&shared, &mut g);
                 });
             }
         }
     }
+    inline
 }
 
 /// Puts a device behind a CAM-like tagged queue: each request (each piece, under a
@@ -176,7 +206,7 @@ impl<D: BlockDevice> Queue<D> {
     pub fn set_openings(&self, openings: u32) {
         let mut g = self.inner.lock();
         g.q.set_openings(openings);
-        pump(&self.inner, &mut g);
+        let _ = pump(&self.inner, &mut g);
     }
 
     /// The current openings.
@@ -184,27 +214,44 @@ impl<D: BlockDevice> Queue<D> {
         self.inner.lock().q.openings()
     }
 
-    /// Queues a request with this metadata; the receiver gets its grant.
-    fn acquire(&self, meta: Meta) -> Result<oneshot::Receiver<Grant>> {
-        let (tx, rx) = oneshot::channel();
+    /// Queues a request with this metadata: either it is dispatched at once (the common
+    /// case with free openings: no channel at all) or it waits on a channel for its grant.
+    fn acquire(&self, meta: Meta) -> Result<Acquired> {
         let mut g = self.inner.lock();
         let now = g.now();
-        g.q.submit(now, tx, meta).map_err(|_| Error::QueueFull {
+        let ticket = g.q.submit(now, Waiter::Inline, meta).map_err(|_| Error::QueueFull {
             device: self.dev.info().name.clone(),
         })?;
-        pump(&self.inner, &mut g);
-        Ok(rx)
+        if let Some((tag, kind)) = pump(&self.inner, &mut g) {
+            return Ok(Acquired::Now(tag, kind));
+        }
+        let (tx, rx) = oneshot::channel();
+        match g.q.pending_mut(ticket) {
+            Some(w) => *w = Waiter::Channel(tx),
+            // Not pending and not dispatched to us: cannot happen (the queue only removes a
+            // request by dispatching it); fail rather than wait forever.
+            None => {
+                return Err(Error::Closed {
+                    device: self.dev.info().name.clone(),
+                });
+            }
+        }
+        Ok(Acquired::Wait(rx))
     }
 
     /// Takes up a grant: from here a guard gives the tag back if the caller is cancelled.
-    async fn wait(&self, mut rx: oneshot::Receiver<Grant>) -> Result<(TagGuard, Tag, TagKind)> {
-        // Usually the grant is already there (an opening was free): no need to park.
-        let grant = match rx.try_recv() {
-            Ok(g) => Ok(g),
-            Err(oneshot::error::TryRecvError::Empty) => rx.await.map_err(|_| ()),
-            Err(oneshot::error::TryRecvError::Closed) => Err(()),
+    async fn wait(&self, acquired: Acquired) -> Result<(TagGuard, Tag, TagKind)> {
+        let rx = match acquired {
+            Acquired::Now(tag, kind) => {
+                let guard = TagGuard {
+                    inner: Arc::clone(&self.inner),
+                    tag: Some(tag),
+                };
+                return Ok((guard, tag, kind));
+            }
+            Acquired::Wait(rx) => rx,
         };
-        let Ok(mut grant) = grant else {
+        let Ok(mut grant) = rx.await else {
             return Err(Error::Closed {
                 device: self.dev.info().name.clone(),
             });
@@ -225,7 +272,7 @@ impl<D: BlockDevice> Queue<D> {
         mut guard: TagGuard,
         tag: Tag,
         res: &Result<T>,
-    ) -> Option<oneshot::Receiver<Grant>> {
+    ) -> Option<Acquired> {
         guard.tag = None;
         let mut g = self.inner.lock();
         let now = g.now();
@@ -233,11 +280,11 @@ impl<D: BlockDevice> Queue<D> {
             Err(e) if e.is_retryable() => {
                 let (tx, rx) = oneshot::channel();
                 let outcome = match e {
-                    Error::Busy { .. } => Outcome::Busy(tx),
-                    _ => Outcome::QueueFull(tx),
+                    Error::Busy { .. } => Outcome::Busy(Waiter::Channel(tx)),
+                    _ => Outcome::QueueFull(Waiter::Channel(tx)),
                 };
                 let _ = g.q.handle_completion(now, tag, outcome);
-                Some(rx)
+                Some(Acquired::Wait(rx))
             }
             Ok(_) => {
                 let _ = g.q.handle_completion(now, tag, Outcome::Done);
@@ -248,7 +295,8 @@ impl<D: BlockDevice> Queue<D> {
                 None
             }
         };
-        pump(&self.inner, &mut g);
+        // Nothing here was submitted inline, so `pump` hands out no inline grant.
+        let _ = pump(&self.inner, &mut g);
         again
     }
 
@@ -271,17 +319,17 @@ impl<D: BlockDevice> Queue<D> {
         F: Fn(TagKind) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut rx = self.acquire(Self::meta(op, opts))?;
+        let mut acq = self.acquire(Self::meta(op, opts))?;
         self.stats.begin();
         let started = std::time::Instant::now();
         let result = loop {
-            let (guard, tag, kind) = match self.wait(rx).await {
+            let (guard, tag, kind) = match self.wait(acq).await {
                 Ok(x) => x,
                 Err(e) => break Err(e),
             };
             let res = f(kind).await;
             match self.release(guard, tag, &res) {
-                Some(again) => rx = again,
+                Some(again) => acq = again,
                 None => break res,
             }
         };
@@ -311,17 +359,17 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(self.dev.info(), buf.len())?;
         self.dev.info().check(start, sectors)?;
-        let mut rx = self.acquire(Self::meta(OpKind::Read, opts))?;
+        let mut acq = self.acquire(Self::meta(OpKind::Read, opts))?;
         self.stats.begin();
         let started = std::time::Instant::now();
         let result = loop {
-            let (guard, tag, kind) = match self.wait(rx).await {
+            let (guard, tag, kind) = match self.wait(acq).await {
                 Ok(x) => x,
                 Err(e) => break Err(e),
             };
             let res = self.dev.read_into(start, buf, with_kind(opts, kind)).await;
             match self.release(guard, tag, &res) {
-                Some(again) => rx = again,
+                Some(again) => acq = again,
                 None => break res,
             }
         };
