@@ -87,18 +87,18 @@ impl Inner {
 
 /// Holds a tag until the request completes; if the caller's future is dropped first, the
 /// tag is given back as failed so the queue never leaks openings.
-struct TagGuard {
-    inner: Arc<Mutex<Inner>>,
+struct TagGuard<'a> {
+    inner: &'a Arc<Mutex<Inner>>,
     tag: Option<Tag>,
 }
 
-impl Drop for TagGuard {
+impl Drop for TagGuard<'_> {
     fn drop(&mut self) {
         if let Some(tag) = self.tag.take() {
             let mut g = self.inner.lock();
             let now = g.now();
             let _ = g.q.handle_completion(now, tag, Outcome::Failed);
-            let _ = pump(&self.inner, &mut g);
+            let _ = pump(self.inner, &mut g);
         }
     }
 }
@@ -216,14 +216,16 @@ impl<D: BlockDevice> Queue<D> {
 
     /// Queues a request with this metadata: either it is dispatched at once (the common
     /// case with free openings: no channel at all) or it waits on a channel for its grant.
-    fn acquire(&self, meta: Meta) -> Result<Acquired> {
+    fn acquire(&self, meta: Meta) -> Result<(Acquired, u64)> {
         let mut g = self.inner.lock();
         let now = g.now();
-        let ticket = g.q.submit(now, Waiter::Inline, meta).map_err(|_| Error::QueueFull {
-            device: self.dev.info().name.clone(),
-        })?;
+        let ticket =
+            g.q.submit(now, Waiter::Inline, meta)
+                .map_err(|_| Error::QueueFull {
+                    device: self.dev.info().name.clone(),
+                })?;
         if let Some((tag, kind)) = pump(&self.inner, &mut g) {
-            return Ok(Acquired::Now(tag, kind));
+            return Ok((Acquired::Now(tag, kind), now));
         }
         let (tx, rx) = oneshot::channel();
         match g.q.pending_mut(ticket) {
@@ -236,15 +238,15 @@ impl<D: BlockDevice> Queue<D> {
                 });
             }
         }
-        Ok(Acquired::Wait(rx))
+        Ok((Acquired::Wait(rx), now))
     }
 
     /// Takes up a grant: from here a guard gives the tag back if the caller is cancelled.
-    async fn wait(&self, acquired: Acquired) -> Result<(TagGuard, Tag, TagKind)> {
+    async fn wait(&self, acquired: Acquired) -> Result<(TagGuard<'_>, Tag, TagKind)> {
         let rx = match acquired {
             Acquired::Now(tag, kind) => {
                 let guard = TagGuard {
-                    inner: Arc::clone(&self.inner),
+                    inner: &self.inner,
                     tag: Some(tag),
                 };
                 return Ok((guard, tag, kind));
@@ -256,11 +258,10 @@ impl<D: BlockDevice> Queue<D> {
                 device: self.dev.info().name.clone(),
             });
         };
+        // The guard takes over from the grant's own release.
+        grant.release = None;
         let guard = TagGuard {
-            inner: grant
-                .release
-                .take()
-                .unwrap_or_else(|| Arc::clone(&self.inner)),
+            inner: &self.inner,
             tag: Some(grant.tag),
         };
         Ok((guard, grant.tag, grant.kind))
@@ -269,10 +270,10 @@ impl<D: BlockDevice> Queue<D> {
     /// Reports how the device answered; `Some` with a new receiver if the queue retries.
     fn release<T>(
         &self,
-        mut guard: TagGuard,
+        mut guard: TagGuard<'_>,
         tag: Tag,
         res: &Result<T>,
-    ) -> Option<Acquired> {
+    ) -> (Option<Acquired>, u64) {
         guard.tag = None;
         let mut g = self.inner.lock();
         let now = g.now();
@@ -297,7 +298,7 @@ impl<D: BlockDevice> Queue<D> {
         };
         // Nothing here was submitted inline, so `pump` hands out no inline grant.
         let _ = pump(&self.inner, &mut g);
-        again
+        (again, now)
     }
 
     fn meta(op: OpKind, opts: IoOpts) -> Meta {
@@ -319,21 +320,25 @@ impl<D: BlockDevice> Queue<D> {
         F: Fn(TagKind) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut acq = self.acquire(Self::meta(op, opts))?;
+        // Times come from the queue's clock, read under its lock anyway.
+        let (mut acq, started) = self.acquire(Self::meta(op, opts))?;
         self.stats.begin();
-        let started = std::time::Instant::now();
+        let mut ended = started;
         let result = loop {
             let (guard, tag, kind) = match self.wait(acq).await {
                 Ok(x) => x,
                 Err(e) => break Err(e),
             };
             let res = f(kind).await;
-            match self.release(guard, tag, &res) {
+            let (again, at) = self.release(guard, tag, &res);
+            ended = at;
+            match again {
                 Some(again) => acq = again,
                 None => break res,
             }
         };
-        self.stats.end(op, bytes, started.elapsed(), result.is_ok());
+        let took = Duration::from_nanos(ended.saturating_sub(started));
+        self.stats.end(op, bytes, took, result.is_ok());
         result
     }
 }
@@ -359,23 +364,25 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(self.dev.info(), buf.len())?;
         self.dev.info().check(start, sectors)?;
-        let mut acq = self.acquire(Self::meta(OpKind::Read, opts))?;
+        let (mut acq, started) = self.acquire(Self::meta(OpKind::Read, opts))?;
         self.stats.begin();
-        let started = std::time::Instant::now();
+        let mut ended = started;
         let result = loop {
             let (guard, tag, kind) = match self.wait(acq).await {
                 Ok(x) => x,
                 Err(e) => break Err(e),
             };
             let res = self.dev.read_into(start, buf, with_kind(opts, kind)).await;
-            match self.release(guard, tag, &res) {
+            let (again, at) = self.release(guard, tag, &res);
+            ended = at;
+            match again {
                 Some(again) => acq = again,
                 None => break res,
             }
         };
         let bytes = buf.len() as u64;
-        self.stats
-            .end(OpKind::Read, bytes, started.elapsed(), result.is_ok());
+        let took = Duration::from_nanos(ended.saturating_sub(started));
+        self.stats.end(OpKind::Read, bytes, took, result.is_ok());
         result
     }
 
