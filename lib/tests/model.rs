@@ -27,6 +27,9 @@ enum Backend {
     Mem,
     File,
     Loop,
+    #[cfg(feature = "uring")]
+    Uring,
+    Sim,
 }
 
 mod common;
@@ -101,6 +104,41 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
             .enumerate()
             .map(|(i, s)| Arc::new(MemDevice::new(&format!("mem{i}"), s)) as Arc<dyn BlockDevice>)
             .collect(),
+        Backend::Sim => sizes(kind)
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let d = tagstripe::SimDevice::with_profile(
+                    &format!("sim{i}"),
+                    tagstripe::scheduler::Profile::Ssd,
+                    s,
+                );
+                Arc::new(d) as Arc<dyn BlockDevice>
+            })
+            .collect(),
+        #[cfg(feature = "uring")]
+        Backend::Uring => {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "tagstripe-model-uring-{}-{n}-{case}-{kind:?}",
+                std::process::id(),
+            ));
+            std::fs::create_dir_all(&path).unwrap();
+            let devs = sizes(kind)
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let f = path.join(format!("c{i}.img"));
+                    drop(FileDevice::create(&f, s, FileOptions::default()).unwrap());
+                    let d = tagstripe::UringDevice::open(&f, FileOptions::default(), false, 64)
+                        .expect("io_uring");
+                    Arc::new(d) as Arc<dyn BlockDevice>
+                })
+                .collect();
+            dir = Some(TempDir(path));
+            devs
+        }
         Backend::File => {
             // Unique per fixture: tests run in parallel threads of one process.
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -340,6 +378,47 @@ fn loop_device_volumes_match_the_model() {
                 prop_oneof![Just(0.0), Just(0.05)],
             ),
             |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Loop, ops, rate, case)),
+        )
+        .unwrap();
+}
+
+/// The same sequences on the io_uring backend (feature `uring`).
+#[cfg(feature = "uring")]
+#[test]
+fn uring_volumes_match_the_model() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(
+                kind(),
+                ops(),
+                any::<u64>(),
+                prop_oneof![Just(0.0), Just(0.05)],
+            ),
+            |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Uring, ops, rate, case)),
+        )
+        .unwrap();
+}
+
+/// The same sequences on simulated disks (timing from the disk model, data in memory).
+#[test]
+fn simulated_volumes_match_the_model() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 16,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(
+                kind(),
+                ops(),
+                any::<u64>(),
+                prop_oneof![Just(0.0), Just(0.05)],
+            ),
+            |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Sim, ops, rate, case)),
         )
         .unwrap();
 }
