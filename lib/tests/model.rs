@@ -358,6 +358,25 @@ proptest! {
     }
 }
 
+/// Runs `cases` random sequences (with and without faults) on `backend`.
+fn run_cases(backend: Backend, cases: u32) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(
+                kind(),
+                ops(),
+                any::<u64>(),
+                prop_oneof![Just(0.0), Just(0.05)],
+            ),
+            |(kind, ops, case, rate)| rt().block_on(run(kind, backend, ops, rate, case)),
+        )
+        .unwrap();
+}
+
 /// The same sequences on real loop devices (root only; CI runs as root).
 #[test]
 fn loop_device_volumes_match_the_model() {
@@ -365,62 +384,20 @@ fn loop_device_volumes_match_the_model() {
         eprintln!("skipping loop-device model test: {why}");
         return;
     }
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 12,
-        ..ProptestConfig::default()
-    });
-    runner
-        .run(
-            &(
-                kind(),
-                ops(),
-                any::<u64>(),
-                prop_oneof![Just(0.0), Just(0.05)],
-            ),
-            |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Loop, ops, rate, case)),
-        )
-        .unwrap();
+    run_cases(Backend::Loop, 12);
 }
 
 /// The same sequences on the io_uring backend (feature `uring`).
 #[cfg(feature = "uring")]
 #[test]
 fn uring_volumes_match_the_model() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 24,
-        ..ProptestConfig::default()
-    });
-    runner
-        .run(
-            &(
-                kind(),
-                ops(),
-                any::<u64>(),
-                prop_oneof![Just(0.0), Just(0.05)],
-            ),
-            |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Uring, ops, rate, case)),
-        )
-        .unwrap();
+    run_cases(Backend::Uring, 24);
 }
 
 /// The same sequences on simulated disks (timing from the disk model, data in memory).
 #[test]
 fn simulated_volumes_match_the_model() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 16,
-        ..ProptestConfig::default()
-    });
-    runner
-        .run(
-            &(
-                kind(),
-                ops(),
-                any::<u64>(),
-                prop_oneof![Just(0.0), Just(0.05)],
-            ),
-            |(kind, ops, case, rate)| rt().block_on(run(kind, Backend::Sim, ops, rate, case)),
-        )
-        .unwrap();
+    run_cases(Backend::Sim, 16);
 }
 
 /// A mirror keeps serving reads with one side dead.
