@@ -81,6 +81,32 @@ impl Drop for TempDir {
     }
 }
 
+/// Zeroed image files of the kind's sizes in a fresh directory, each opened by `open`.
+fn image_files(
+    kind: Kind,
+    case: u64,
+    open: impl Fn(&std::path::Path) -> Arc<dyn BlockDevice>,
+) -> (std::path::PathBuf, Vec<Arc<dyn BlockDevice>>) {
+    // Unique per fixture: tests run in parallel threads of one process.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "tagstripe-model-{}-{n}-{case}-{kind:?}",
+        std::process::id(),
+    ));
+    std::fs::create_dir_all(&path).unwrap();
+    let devs = sizes(kind)
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let f = path.join(format!("c{i}.img"));
+            drop(FileDevice::create(&f, s, FileOptions::default()).unwrap());
+            open(&f)
+        })
+        .collect();
+    (path, devs)
+}
+
 fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
     let mut dir = None;
     let mut loops = Vec::new();
@@ -118,50 +144,19 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
             .collect(),
         #[cfg(feature = "uring")]
         Backend::Uring => {
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!(
-                "tagstripe-model-uring-{}-{n}-{case}-{kind:?}",
-                std::process::id(),
-            ));
-            std::fs::create_dir_all(&path).unwrap();
-            let devs = sizes(kind)
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let f = path.join(format!("c{i}.img"));
-                    drop(FileDevice::create(&f, s, FileOptions::default()).unwrap());
-                    let d = tagstripe::UringDevice::open(&f, FileOptions::default(), false, 64)
-                        .expect("io_uring");
-                    Arc::new(d) as Arc<dyn BlockDevice>
-                })
-                .collect();
+            let (path, devs) = image_files(kind, case, |f| {
+                Arc::new(
+                    tagstripe::UringDevice::open(f, FileOptions::default(), false, 64)
+                        .expect("io_uring"),
+                )
+            });
             dir = Some(TempDir(path));
             devs
         }
         Backend::File => {
-            // Unique per fixture: tests run in parallel threads of one process.
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!(
-                "tagstripe-model-{}-{n}-{case}-{kind:?}",
-                std::process::id(),
-            ));
-            std::fs::create_dir_all(&path).unwrap();
-            let devs = sizes(kind)
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    Arc::new(
-                        FileDevice::create(
-                            path.join(format!("c{i}.img")),
-                            s,
-                            FileOptions::default(),
-                        )
-                        .unwrap(),
-                    ) as Arc<dyn BlockDevice>
-                })
-                .collect();
+            let (path, devs) = image_files(kind, case, |f| {
+                Arc::new(FileDevice::open(f, FileOptions::default()).unwrap())
+            });
             dir = Some(TempDir(path));
             devs
         }

@@ -12,6 +12,20 @@ use bytes::Bytes;
 
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 
+/// A zeroed buffer of `len` bytes for a read, aligned if `direct`.
+pub(crate) fn read_buffer(len: usize, direct: bool) -> (Vec<u8>, usize) {
+    if direct {
+        aligned(len)
+    } else {
+        (vec![0u8; len], 0)
+    }
+}
+
+/// Whether `data` must be copied to an aligned buffer before an `O_DIRECT` write.
+pub(crate) fn needs_copy(data: &Bytes, direct: bool) -> bool {
+    direct && data.as_ptr() as usize % DIRECT_ALIGN != 0
+}
+
 /// Alignment of `O_DIRECT` buffers: a page, which every device here accepts
 /// (reference/ecosystem.md §A.3 measured 512 as the DMA alignment, 4 KiB as the largest
 /// logical block).
@@ -209,11 +223,7 @@ impl BlockDevice for FileDevice {
         let (offset, len) = (start * 512, sectors as usize * 512);
         let direct = self.direct;
         self.blocking("read", start, sectors, move |f| {
-            let (mut v, off) = if direct {
-                aligned(len)
-            } else {
-                (vec![0u8; len], 0)
-            };
+            let (mut v, off) = read_buffer(len, direct);
             f.read_exact_at(&mut v[off..off + len], offset)?;
             Ok(Bytes::from(v).slice(off..off + len))
         })
@@ -223,7 +233,7 @@ impl BlockDevice for FileDevice {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         let offset = start * 512;
-        let direct = self.direct && data.as_ptr() as usize % DIRECT_ALIGN != 0;
+        let direct = needs_copy(&data, self.direct);
         self.blocking("write", start, sectors, move |f| {
             if direct {
                 let (mut v, off) = aligned(data.len());

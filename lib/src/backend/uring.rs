@@ -14,9 +14,8 @@ use bytes::Bytes;
 use io_uring::{IoUring, opcode, types};
 use tokio::sync::oneshot;
 
+use super::file::{needs_copy, read_buffer};
 use crate::{BlockDevice, DeviceInfo, Error, FileDevice, FileOptions, IoOpts, Result};
-
-const ALIGN: usize = 4096;
 
 enum Job {
     Read {
@@ -49,7 +48,7 @@ enum InFlight {
         reply: oneshot::Sender<io::Result<Bytes>>,
     },
     Write {
-        _buf: Vec<u8>,
+        _data: Bytes,
         len: usize,
         then_sync: bool,
         reply: oneshot::Sender<io::Result<()>>,
@@ -114,10 +113,22 @@ impl UringDevice {
         Ok(Self { info, jobs: tx })
     }
 
-    fn send(&self, job: Job) -> Result<()> {
-        self.jobs.send(job).map_err(|_| Error::Closed {
+    /// Sends a job built around a reply channel and waits for the answer.
+    async fn ask<T>(
+        &self,
+        op: &'static str,
+        start: u64,
+        sectors: u64,
+        job: impl FnOnce(oneshot::Sender<io::Result<T>>) -> Job,
+    ) -> Result<T> {
+        let closed = || Error::Closed {
             device: self.info.name.clone(),
-        })
+        };
+        let (reply, rx) = oneshot::channel();
+        self.jobs.send(job(reply)).map_err(|_| closed())?;
+        rx.await
+            .map_err(|_| closed())?
+            .map_err(self.io(op, start, sectors))
     }
 
     fn io(&self, op: &'static str, start: u64, sectors: u64) -> impl Fn(io::Error) -> Error + '_ {
@@ -129,12 +140,6 @@ impl UringDevice {
             source,
         }
     }
-}
-
-fn aligned(len: usize) -> (Vec<u8>, usize) {
-    let v = vec![0u8; len + ALIGN];
-    let off = (ALIGN - v.as_ptr() as usize % ALIGN) % ALIGN;
-    (v, off)
 }
 
 fn ring_len(len: usize) -> io::Result<u32> {
@@ -172,11 +177,7 @@ fn run(mut ring: IoUring, file: File, jobs: mpsc::Receiver<Job>, direct: bool) {
             next = next.wrapping_add(1);
             let (entry, state) = match job {
                 Job::Read { offset, len, reply } => {
-                    let (mut buf, off) = if direct {
-                        aligned(len)
-                    } else {
-                        (vec![0u8; len], 0)
-                    };
+                    let (mut buf, off) = read_buffer(len, direct);
                     let Ok(n) = ring_len(len) else {
                         let _ = reply.send(Err(io::Error::from(io::ErrorKind::InvalidInput)));
                         continue;
@@ -203,25 +204,27 @@ fn run(mut ring: IoUring, file: File, jobs: mpsc::Receiver<Job>, direct: bool) {
                     reply,
                 } => {
                     let len = data.len();
-                    let (mut buf, off) = if direct {
-                        aligned(len)
+                    // The caller's bytes go to the ring as they are, unless O_DIRECT needs
+                    // them aligned.
+                    let data = if needs_copy(&data, direct) {
+                        let (mut v, off) = read_buffer(len, true);
+                        v[off..off + len].copy_from_slice(&data);
+                        Bytes::from(v).slice(off..off + len)
                     } else {
-                        (vec![0u8; len], 0)
+                        data
                     };
-                    buf[off..off + len].copy_from_slice(&data);
                     let Ok(n) = ring_len(len) else {
                         let _ = reply.send(Err(io::Error::from(io::ErrorKind::InvalidInput)));
                         continue;
                     };
-                    let ptr = buf[off..].as_ptr();
-                    let e = opcode::Write::new(fd, ptr, n)
+                    let e = opcode::Write::new(fd, data.as_ptr(), n)
                         .offset(offset)
                         .build()
                         .user_data(id);
                     (
                         e,
                         InFlight::Write {
-                            _buf: buf,
+                            _data: data,
                             len,
                             then_sync: sync,
                             reply,
@@ -245,10 +248,10 @@ fn run(mut ring: IoUring, file: File, jobs: mpsc::Receiver<Job>, direct: bool) {
                 }
             };
             inflight.insert(id, state);
-            // SAFETY: the entry points into a buffer owned by `inflight[id]`, which is kept
-            // (not moved out: a Vec's heap buffer does not move when the Vec does) until the
-            // completion carrying `id` is reaped below; the fd belongs to `file`, alive for
-            // the whole loop. Exercised by the uring tests.
+            // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
+            // `inflight[id]`; moving the owner does not move the heap buffer, and the owner is
+            // kept until the completion carrying `id` is reaped below. The fd belongs to
+            // `file`, alive for the whole loop. Exercised by the uring tests.
             let pushed = unsafe { ring.submission().push(&entry) };
             if pushed.is_err() {
                 // The queue is full: submit what is there, then push again.
@@ -350,35 +353,25 @@ impl BlockDevice for UringDevice {
 
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let (reply, rx) = oneshot::channel();
-        self.send(Job::Read {
-            offset: start * 512,
-            len: sectors as usize * 512,
+        let (offset, len) = (start * 512, sectors as usize * 512);
+        self.ask("read", start, sectors, |reply| Job::Read {
+            offset,
+            len,
             reply,
-        })?;
-        let closed = || Error::Closed {
-            device: self.info.name.clone(),
-        };
-        rx.await
-            .map_err(|_| closed())?
-            .map_err(self.io("read", start, sectors))
+        })
+        .await
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let (reply, rx) = oneshot::channel();
-        self.send(Job::Write {
-            offset: start * 512,
+        let (offset, sync) = (start * 512, opts.fua);
+        self.ask("write", start, sectors, |reply| Job::Write {
+            offset,
             data,
-            sync: opts.fua,
+            sync,
             reply,
-        })?;
-        let closed = || Error::Closed {
-            device: self.info.name.clone(),
-        };
-        rx.await
-            .map_err(|_| closed())?
-            .map_err(self.io("write", start, sectors))
+        })
+        .await
     }
 
     async fn flush(&self, _opts: IoOpts) -> Result<()> {
@@ -387,29 +380,17 @@ impl BlockDevice for UringDevice {
                 device: self.info.name.clone(),
             });
         }
-        let (reply, rx) = oneshot::channel();
-        self.send(Job::Fsync { reply })?;
-        let closed = || Error::Closed {
-            device: self.info.name.clone(),
-        };
-        rx.await
-            .map_err(|_| closed())?
-            .map_err(self.io("flush", 0, 0))
+        self.ask("flush", 0, 0, |reply| Job::Fsync { reply }).await
     }
 
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
-        let (reply, rx) = oneshot::channel();
-        self.send(Job::Discard {
-            offset: start * 512,
-            len: sectors * 512,
+        let (offset, len) = (start * 512, sectors * 512);
+        self.ask("discard", start, sectors, |reply| Job::Discard {
+            offset,
+            len,
             reply,
-        })?;
-        let closed = || Error::Closed {
-            device: self.info.name.clone(),
-        };
-        rx.await
-            .map_err(|_| closed())?
-            .map_err(self.io("discard", start, sectors))
+        })
+        .await
     }
 }
