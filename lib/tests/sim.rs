@@ -80,10 +80,9 @@ async fn fair_queue_keeps_reads_fast_under_bulk_writes_on_a_simulated_disk() {
 async fn sim_device_window_gives_queue_full_and_the_queue_retries() {
     let mut cfg = Profile::Ssd.config();
     cfg.window = 4;
-    let dev = SimDevice::new("sim", cfg, 1 << 16);
-    // The queue believes in 32 tags; the device holds 4: QUEUE FULL, back-off, all succeed.
-    let mut limits = dev.info().limits.clone();
-    limits.max_tags = 32;
+    // The device advertises 32 tags but holds 4: QUEUE FULL, back-off, and all succeed.
+    let dev = SimDevice::new("sim", cfg, 1 << 16).advertise_tags(32);
+    assert_eq!(dev.info().limits.max_tags, 32);
     let q = Arc::new(Queue::new(dev));
     let tasks: Vec<_> = (0..32u64)
         .map(|i| {
@@ -104,5 +103,4 @@ async fn sim_device_window_gives_queue_full_and_the_queue_retries() {
         "openings shrank to the device's window: {}",
         q.openings()
     );
-    let _ = limits;
 }

@@ -50,6 +50,11 @@ impl MemDevice {
         Self { info, shards }
     }
 
+    /// The description, to adjust before the device is used.
+    pub(crate) fn info_mut(&mut self) -> &mut DeviceInfo {
+        &mut self.info
+    }
+
     fn for_range(
         &self,
         offset: usize,

@@ -98,6 +98,17 @@ impl SimDevice {
         }
     }
 
+    /// Advertises `tags` as the device's `max_tags` while its real window stays the model's:
+    /// a drive that reports QUEUE FULL below what it advertises (the Quantum Atlas quirk),
+    /// so the queue above must back off.
+    #[must_use]
+    pub fn advertise_tags(mut self, tags: u32) -> Self {
+        let l = &mut self.data.info_mut().limits;
+        l.max_tags = tags.max(1);
+        l.min_tags = l.min_tags.min(l.max_tags);
+        self
+    }
+
     /// A simulated disk with a named profile's parameters.
     #[must_use]
     pub fn with_profile(name: &str, profile: Profile, sectors: u64) -> Self {
