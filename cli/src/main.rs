@@ -17,9 +17,11 @@ macro_rules! outln {
 }
 
 mod bench;
+mod components;
 mod info;
 mod map;
 mod quirks;
+mod serve;
 mod split;
 
 /// Striping, tagged queueing and request splitting for storage engineers.
@@ -43,6 +45,8 @@ enum Command {
     /// What tagstripe sees of a file or block device: size, block sizes, limits, identity,
     /// and the quirk row that applies.
     Info(info::InfoArgs),
+    /// Export a striped volume (or one device) over NBD to any NBD client.
+    Serve(serve::ServeArgs),
 }
 
 /// Exit code for usage errors and refused configurations (clap uses the same).
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
         Command::Quirks(args) => quirks::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Info(args) => info::run(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }
 

@@ -71,7 +71,7 @@ fn parse_sizes(s: &str) -> Result<Sizes, String> {
         .map(Sizes)
 }
 
-fn parse_flavor(s: &str) -> Result<Flavor, String> {
+pub(crate) fn parse_flavor(s: &str) -> Result<Flavor, String> {
     s.parse().map_err(|e: Error| e.to_string())
 }
 

@@ -108,6 +108,52 @@ pub enum Error {
         /// The device.
         device: String,
     },
+    /// An NBD server answered a request with an error.
+    #[error("{device}: {op} of {sectors} sectors at {start} failed on the server: {} ({errno})", nbd_errno_name(*.errno))]
+    Nbd {
+        /// The export (`nbd://host:port/name`).
+        device: String,
+        /// The operation.
+        op: &'static str,
+        /// First sector.
+        start: u64,
+        /// Length.
+        sectors: u64,
+        /// The error value the server sent (an errno).
+        errno: u32,
+    },
+    /// A peer broke the NBD protocol (or negotiation failed); the connection is closed.
+    #[error("{peer}: NBD protocol: {what}")]
+    Protocol {
+        /// Who (an export URL, or "client").
+        peer: String,
+        /// What went wrong.
+        what: String,
+    },
+    /// A request or connection took longer than allowed.
+    #[error("{device}: {op} timed out")]
+    Timeout {
+        /// The device.
+        device: String,
+        /// The operation.
+        op: &'static str,
+    },
+    /// A connection could not be made.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// Host and port.
+        addr: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A device URL that cannot be used.
+    #[error("{url}: {why}")]
+    BadUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        why: String,
+    },
     /// A geometry ccd would refuse.
     #[error(transparent)]
     Geometry(#[from] tagstripe_striping::Error),
@@ -130,3 +176,18 @@ impl Error {
 
 /// Results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The symbolic name of an NBD error value.
+fn nbd_errno_name(e: u32) -> &'static str {
+    match e {
+        1 => "EPERM",
+        5 => "EIO",
+        12 => "ENOMEM",
+        22 => "EINVAL",
+        28 => "ENOSPC",
+        75 => "EOVERFLOW",
+        95 => "ENOTSUP",
+        108 => "ESHUTDOWN",
+        _ => "unknown error",
+    }
+}

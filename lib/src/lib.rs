@@ -25,6 +25,8 @@ mod backend;
 mod device;
 mod error;
 mod layers;
+#[cfg(feature = "nbd")]
+pub mod nbd;
 mod stats;
 mod volume;
 

@@ -1,0 +1,161 @@
+//! `tagstripe serve`: export a volume (or one device) over NBD.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use tagstripe::nbd::{NbdServer, ServerConfig};
+use tagstripe::quirks::QuirkSet;
+use tagstripe::striping::Flavor;
+use tagstripe::{BlockDevice, IoOpts, Volume};
+
+use crate::components::{self, OpenOptions};
+
+/// Arguments of `tagstripe serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address and port to listen on (loopback unless another address is given; port 0
+    /// picks a free one).
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    listen: String,
+    /// The export's name.
+    #[arg(long, default_value = "tagstripe")]
+    export: String,
+    /// Interleave in sectors (0 concatenates).
+    #[arg(long, default_value_t = 128)]
+    interleave: u64,
+    /// ccd / md flavor: netbsd, netbsd1997, freebsd, md-alt, md-orig.
+    #[arg(long, default_value = "netbsd", value_parser = crate::map::parse_flavor)]
+    flavor: Flavor,
+    /// Every component contributes the smallest size.
+    #[arg(long)]
+    uniform: bool,
+    /// Export read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Open files and block devices with O_DIRECT.
+    #[arg(long)]
+    direct: bool,
+    /// Largest request a client may send, in bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    max_request: u32,
+    /// Components: files, block devices, or nbd://host[:port][/export]. With one, that
+    /// device is exported directly.
+    #[arg(required = true)]
+    components: Vec<String>,
+}
+
+pub(crate) fn run(args: &ServeArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return crate::fail("serve", "runtime", &e.to_string(), false),
+    };
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: &ServeArgs) -> ExitCode {
+    let o = OpenOptions {
+        read_only: args.read_only,
+        direct: args.direct,
+    };
+    let comps = match components::open_all(&args.components, o).await {
+        Ok(c) => c,
+        Err(e) => return crate::fail("serve", "open", &e, false),
+    };
+    let (device, geometry): (Arc<dyn BlockDevice>, Option<String>) = if comps.len() == 1 {
+        (Arc::clone(&comps[0]), None)
+    } else {
+        let vol = Volume::builder(comps)
+            .name(&args.export)
+            .interleave(args.interleave)
+            .flavor(args.flavor)
+            .uniform(args.uniform)
+            .quirks(QuirkSet::builtin())
+            .build();
+        match vol {
+            Ok(v) => {
+                let g = v.geometry().to_string();
+                (Arc::new(v), Some(g))
+            }
+            Err(e) => return crate::fail("serve", "volume", &e.to_string(), false),
+        }
+    };
+    if args.max_request < 4096 {
+        return crate::fail(
+            "serve",
+            "bad_option",
+            "--max-request must be at least 4096",
+            false,
+        );
+    }
+    let config = ServerConfig {
+        max_request: args.max_request,
+        ..ServerConfig::default()
+    };
+    let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            return crate::fail("serve", "listen", &format!("{}: {e}", args.listen), false);
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => return crate::fail("serve", "listen", &e.to_string(), false),
+    };
+    let info = device.info().clone();
+    outln!("listening on nbd://{addr}/{}", args.export);
+    outln!(
+        "export {:?}: {} sectors ({} bytes){}, logical block {} bytes",
+        args.export,
+        info.sectors,
+        info.bytes(),
+        if args.read_only || info.read_only {
+            ", read-only"
+        } else {
+            ""
+        },
+        info.limits.logical_block_size
+    );
+    match geometry {
+        Some(g) => outln!("{g}"),
+        None => outln!("one component, exported directly: {}", info.name),
+    }
+    let server = Arc::new(NbdServer::new(config).export_with(
+        &args.export,
+        Arc::clone(&device),
+        "a tagstripe volume",
+        args.read_only,
+    ));
+    let stop = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async {
+                match term.as_mut() {
+                    Some(t) => { t.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
+        }
+    };
+    let code = tokio::select! {
+        r = Arc::clone(&server).serve(listener) => match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => crate::fail("serve", "accept", &e.to_string(), false),
+        },
+        () = stop => ExitCode::SUCCESS,
+    };
+    // Stop cleanly: make every acknowledged write durable before leaving.
+    if !(args.read_only || info.read_only) {
+        if let Err(e) = device.flush(IoOpts::new()).await {
+            eprintln!("tagstripe serve: flush on exit failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!("tagstripe serve: stopped, flushed");
+    code
+}

@@ -1,0 +1,572 @@
+//! The NBD client backend: a device on another host.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::proto::{self, Command, ExportInfo, InfoRequest, OptionHeader, OptionReply, Request};
+use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
+
+/// How the client connects and waits.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Time to connect and negotiate (default 10 s).
+    pub connect_timeout: Duration,
+    /// Time a request may take before it fails with [`Error::Timeout`] (default 60 s).
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where an NBD export is: `nbd://host[:port][/export]` (port 10809 by default).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NbdUrl {
+    /// Host and port, as given to `connect`.
+    pub addr: String,
+    /// The export's name ("" for the server's default).
+    pub export: String,
+}
+
+impl NbdUrl {
+    /// Parses `nbd://host[:port][/export]`.
+    ///
+    /// ```
+    /// use tagstripe::nbd::NbdUrl;
+    /// let u = NbdUrl::parse("nbd://10.0.0.2/disk0").unwrap();
+    /// assert_eq!((u.addr.as_str(), u.export.as_str()), ("10.0.0.2:10809", "disk0"));
+    /// assert!(NbdUrl::parse("http://x").is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadUrl`] for another scheme, an empty host or a bad port.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |why: &str| Error::BadUrl {
+            url: url.to_owned(),
+            why: why.to_owned(),
+        };
+        let rest = url
+            .strip_prefix("nbd://")
+            .ok_or_else(|| bad("the scheme must be nbd://"))?;
+        let (hostport, export) = rest.split_once('/').unwrap_or((rest, ""));
+        if hostport.is_empty() {
+            return Err(bad("no host"));
+        }
+        // An IPv6 literal is bracketed; a port follows the last colon outside brackets.
+        let has_port = match hostport.rfind(':') {
+            Some(i) => !hostport[i..].contains(']'),
+            None => false,
+        };
+        let addr = if has_port {
+            let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, ""));
+            if host.is_empty() {
+                return Err(bad("no host"));
+            }
+            port.parse::<u16>().map_err(|_| bad("bad port"))?;
+            hostport.to_owned()
+        } else {
+            format!("{hostport}:10809")
+        };
+        Ok(Self {
+            addr,
+            export: export.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for NbdUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "nbd://{}/{}", self.addr, self.export)
+    }
+}
+
+/// A request waiting for its reply.
+struct Pending {
+    tx: oneshot::Sender<Result<Bytes, Failure>>,
+    read_len: usize,
+}
+
+enum Failure {
+    Errno(u32),
+    Closed(String),
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u64, Pending>,
+    dead: Option<String>,
+}
+
+struct Shared {
+    name: String,
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// Requests waiting for replies, and why the connection is gone once it is: one lock,
+    /// so a request is either registered before the reader gives up or refused.
+    state: Mutex<State>,
+    next: AtomicU64,
+}
+
+/// A block device served by an NBD server (qemu-nbd, nbdkit, nbd-server, rbd-nbd,
+/// [`super::NbdServer`]): negotiated with `NBD_OPT_GO` and block-size information, with
+/// many requests in flight on one connection, matched to their replies by handle. Usable as
+/// a volume component like any backend; its errors name the export.
+///
+/// Server limits become the device's limits: the minimum block size its logical block,
+/// the preferred size its physical block, the maximum its `max_hw_sectors`. FUA is sent when
+/// the server supports it and done as write-then-flush otherwise; a server without flush
+/// needs none.
+#[derive(Debug)]
+pub struct NbdDevice {
+    info: DeviceInfo,
+    shared: Arc<Shared>,
+    flags: u16,
+    max_bytes: u64,
+    config: ClientConfig,
+    reader: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("name", &self.name).finish()
+    }
+}
+
+impl NbdDevice {
+    /// Connects to `nbd://host[:port][/export]` with the default configuration.
+    ///
+    /// # Errors
+    /// [`Error::BadUrl`], [`Error::Connect`], [`Error::Protocol`] if negotiation fails
+    /// (unknown export included), [`Error::Timeout`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, ClientConfig::default()).await
+    }
+
+    /// Connects with a configuration.
+    ///
+    /// # Errors
+    /// As [`NbdDevice::connect`].
+    pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Self> {
+        let u = NbdUrl::parse(url)?;
+        let name = u.to_string();
+        let fut = async {
+            let stream = TcpStream::connect(&u.addr)
+                .await
+                .map_err(|source| Error::Connect {
+                    addr: u.addr.clone(),
+                    source,
+                })?;
+            let _ = stream.set_nodelay(true);
+            let (r, w) = stream.into_split();
+            let mut r = BufReader::with_capacity(256 << 10, r);
+            let mut w = w;
+            let info = negotiate(&name, &u.export, &mut r, &mut w).await?;
+            Ok::<_, Error>((r, w, info))
+        };
+        let (r, w, ei) = tokio::time::timeout(config.connect_timeout, fut)
+            .await
+            .map_err(|_| Error::Timeout {
+                device: name.clone(),
+                op: "connect",
+            })??;
+        let mut info = DeviceInfo::new(name.clone(), ei.size / 512);
+        info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
+        info.discard = ei.flags & proto::TF_SEND_TRIM != 0;
+        let mut max_bytes = 32 << 20;
+        if let Some((min, pref, max)) = ei.block_sizes {
+            info.limits.logical_block_size = min.max(512);
+            info.limits.physical_block_size = pref.clamp(min.max(512), 65536).next_power_of_two();
+            max_bytes = u64::from(max).max(u64::from(min.max(512)));
+        }
+        max_bytes = max_bytes / u64::from(info.limits.logical_block_size)
+            * u64::from(info.limits.logical_block_size);
+        info.limits.max_hw_sectors = u32::try_from(max_bytes / 512).unwrap_or(u32::MAX);
+        let shared = Arc::new(Shared {
+            name,
+            writer: tokio::sync::Mutex::new(w),
+            state: Mutex::new(State::default()),
+            next: AtomicU64::new(1),
+        });
+        let reader = tokio::spawn(read_replies(Arc::clone(&shared), r));
+        Ok(Self {
+            info,
+            shared,
+            flags: ei.flags,
+            max_bytes,
+            config,
+            reader,
+        })
+    }
+
+    /// The transmission flags the server sent.
+    #[must_use]
+    pub fn transmission_flags(&self) -> u16 {
+        self.flags
+    }
+
+    /// Sends `NBD_CMD_DISC` after the requests in flight, and closes.
+    pub async fn disconnect(&self) {
+        let req = Request {
+            flags: 0,
+            command: Command::Disc,
+            handle: self.shared.next.fetch_add(1, Relaxed),
+            offset: 0,
+            length: 0,
+        };
+        let mut w = self.shared.writer.lock().await;
+        let _ = w.write_all(&req.encode()).await;
+        let _ = w.shutdown().await;
+    }
+
+    /// Sends one request and waits for its reply.
+    async fn call(
+        &self,
+        op: &'static str,
+        command: Command,
+        flags: u16,
+        start: u64,
+        sectors: u64,
+        payload: Option<Bytes>,
+    ) -> Result<Bytes> {
+        let length = u32::try_from(sectors * 512).map_err(|_| Error::BadLength {
+            device: self.info.name.clone(),
+            what: format!("{sectors} sectors in one NBD request"),
+        })?;
+        let handle = self.shared.next.fetch_add(1, Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let read_len = if command == Command::Read {
+            length as usize
+        } else {
+            0
+        };
+        {
+            let mut st = self.shared.state.lock();
+            if let Some(why) = &st.dead {
+                return Err(Error::Closed {
+                    device: format!("{}: {why}", self.info.name),
+                });
+            }
+            st.pending.insert(handle, Pending { tx, read_len });
+        }
+        let req = Request {
+            flags,
+            command,
+            handle,
+            offset: start * 512,
+            length: if command == Command::Flush { 0 } else { length },
+        };
+        let sent = {
+            let mut w = self.shared.writer.lock().await;
+            let mut r = w.write_all(&req.encode()).await;
+            if let (Ok(()), Some(p)) = (&r, &payload) {
+                r = w.write_all(p).await;
+            }
+            r
+        };
+        if let Err(e) = sent {
+            self.shared.state.lock().pending.remove(&handle);
+            return Err(Error::Io {
+                device: self.info.name.clone(),
+                op,
+                start,
+                sectors,
+                source: e,
+            });
+        }
+        let reply = match tokio::time::timeout(self.config.request_timeout, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Failure::Closed("connection lost".to_owned())),
+            // The entry stays until its reply comes, so that the reply's data is read
+            // off the wire; only the waiter is gone.
+            Err(_) => {
+                return Err(Error::Timeout {
+                    device: self.info.name.clone(),
+                    op,
+                });
+            }
+        };
+        reply.map_err(|f| match f {
+            Failure::Errno(errno) => Error::Nbd {
+                device: self.info.name.clone(),
+                op,
+                start,
+                sectors,
+                errno,
+            },
+            Failure::Closed(why) => Error::Closed {
+                device: format!("{}: {why}", self.info.name),
+            },
+        })
+    }
+
+    /// Pieces of at most the server's maximum block size.
+    fn chunks(&self, start: u64, sectors: u64) -> impl Iterator<Item = (u64, u64)> + use<> {
+        let step = (self.max_bytes / 512).max(1);
+        (0..sectors.div_ceil(step)).map(move |i| {
+            let s = i * step;
+            (start + s, step.min(sectors - s))
+        })
+    }
+}
+
+impl Drop for NbdDevice {
+    fn drop(&mut self) {
+        self.reader.abort();
+        // Say goodbye if a runtime is there to do it; the server copes either way.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let shared = Arc::clone(&self.shared);
+            rt.spawn(async move {
+                let req = Request {
+                    flags: 0,
+                    command: Command::Disc,
+                    handle: 0,
+                    offset: 0,
+                    length: 0,
+                };
+                let mut w = shared.writer.lock().await;
+                let _ = w.write_all(&req.encode()).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    }
+}
+
+async fn read_replies(shared: Arc<Shared>, mut r: BufReader<OwnedReadHalf>) {
+    let why = loop {
+        let mut head = [0u8; proto::SimpleReply::LEN];
+        if let Err(e) = r.read_exact(&mut head).await {
+            break format!("connection lost: {e}");
+        }
+        let reply = match proto::SimpleReply::parse(&head) {
+            Ok(x) => x,
+            Err(e) => break format!("protocol error: {e}"),
+        };
+        let Some(p) = shared.state.lock().pending.remove(&reply.handle) else {
+            break format!("reply for unknown handle {:#x}", reply.handle);
+        };
+        let result = if reply.error != 0 {
+            Err(Failure::Errno(reply.error))
+        } else if p.read_len > 0 {
+            let mut b = BytesMut::with_capacity(p.read_len);
+            let mut failed = None;
+            while b.len() < p.read_len {
+                let want = (p.read_len - b.len()) as u64;
+                match (&mut r).take(want).read_buf(&mut b).await {
+                    Ok(0) => {
+                        failed = Some("connection lost in a read reply".to_owned());
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        failed = Some(format!("connection lost: {e}"));
+                        break;
+                    }
+                }
+            }
+            if let Some(why) = failed {
+                let _ = p.tx.send(Err(Failure::Closed(why.clone())));
+                break why;
+            }
+            Ok(b.freeze())
+        } else {
+            Ok(Bytes::new())
+        };
+        let _ = p.tx.send(result);
+    };
+    let mut st = shared.state.lock();
+    st.dead = Some(why.clone());
+    for (_, p) in st.pending.drain() {
+        let _ = p.tx.send(Err(Failure::Closed(why.clone())));
+    }
+}
+
+/// Fixed-newstyle negotiation with `NBD_OPT_GO` (falling back to `NBD_OPT_EXPORT_NAME` for
+/// servers without it).
+async fn negotiate(
+    name: &str,
+    export: &str,
+    r: &mut BufReader<OwnedReadHalf>,
+    w: &mut OwnedWriteHalf,
+) -> Result<ExportInfo> {
+    let perr = |what: String| Error::Protocol {
+        peer: name.to_owned(),
+        what,
+    };
+    let io = |e: std::io::Error| perr(format!("negotiation: {e}"));
+    let mut hello = [0u8; 18];
+    r.read_exact(&mut hello).await.map_err(io)?;
+    let magic = u64::from_be_bytes(hello[0..8].try_into().unwrap_or_default());
+    let opt = u64::from_be_bytes(hello[8..16].try_into().unwrap_or_default());
+    if magic != proto::NBDMAGIC || opt != proto::IHAVEOPT {
+        return Err(perr("not a newstyle NBD server".to_owned()));
+    }
+    let flags = u16::from_be_bytes([hello[16], hello[17]]);
+    if flags & proto::FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(perr("the server does not speak fixed newstyle".to_owned()));
+    }
+    let no_zeroes = flags & proto::FLAG_NO_ZEROES != 0;
+    let mut cflags = proto::FLAG_C_FIXED_NEWSTYLE;
+    if no_zeroes {
+        cflags |= proto::FLAG_C_NO_ZEROES;
+    }
+    w.write_all(&cflags.to_be_bytes()).await.map_err(io)?;
+    let data = InfoRequest {
+        name: export.to_owned(),
+        requests: vec![proto::INFO_BLOCK_SIZE],
+    }
+    .encode();
+    let head = OptionHeader {
+        option: proto::OPT_GO,
+        length: u32::try_from(data.len()).unwrap_or(u32::MAX),
+    };
+    w.write_all(&head.encode()).await.map_err(io)?;
+    w.write_all(&data).await.map_err(io)?;
+    let mut info = ExportInfo::default();
+    let mut got_export = false;
+    loop {
+        let mut h = [0u8; OptionReply::LEN];
+        r.read_exact(&mut h).await.map_err(io)?;
+        let rep = OptionReply::parse(&h).map_err(|e| perr(e.to_string()))?;
+        if rep.length as usize > proto::MAX_STRING + 1024 {
+            return Err(perr(format!("option reply of {} bytes", rep.length)));
+        }
+        let mut d = vec![0u8; rep.length as usize];
+        r.read_exact(&mut d).await.map_err(io)?;
+        match rep.reply {
+            proto::REP_INFO => {
+                info.absorb(&d).map_err(|e| perr(e.to_string()))?;
+                got_export |= d.len() >= 2 && d[..2] == proto::INFO_EXPORT.to_be_bytes();
+            }
+            proto::REP_ACK if got_export => return Ok(info),
+            proto::REP_ACK => return Err(perr("GO acknowledged without export info".to_owned())),
+            proto::REP_ERR_UNSUP => break,
+            e if e & (1 << 31) != 0 => {
+                return Err(perr(format!(
+                    "export {export:?} refused ({e:#x}): {}",
+                    String::from_utf8_lossy(&d)
+                )));
+            }
+            _ => {}
+        }
+    }
+    // An old server: NBD_OPT_EXPORT_NAME, which ends negotiation at once.
+    let head = OptionHeader {
+        option: proto::OPT_EXPORT_NAME,
+        length: u32::try_from(export.len()).unwrap_or(u32::MAX),
+    };
+    w.write_all(&head.encode()).await.map_err(io)?;
+    w.write_all(export.as_bytes()).await.map_err(io)?;
+    let mut b = [0u8; 10];
+    r.read_exact(&mut b).await.map_err(io)?;
+    if !no_zeroes {
+        let mut z = [0u8; 124];
+        r.read_exact(&mut z).await.map_err(io)?;
+    }
+    info.size = u64::from_be_bytes(b[0..8].try_into().unwrap_or_default());
+    info.flags = u16::from_be_bytes([b[8], b[9]]);
+    Ok(info)
+}
+
+#[async_trait]
+impl BlockDevice for NbdDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        let parts = crate::layers::all(
+            self.chunks(start, sectors)
+                .map(|(s, n)| self.call("read", Command::Read, 0, s, n, None)),
+        )
+        .await?;
+        Ok(crate::layers::gather(parts))
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        let native_fua = self.flags & proto::TF_SEND_FUA != 0;
+        let flags = if opts.fua && native_fua {
+            proto::CMD_FLAG_FUA
+        } else {
+            0
+        };
+        crate::layers::all(self.chunks(start, sectors).map(|(s, n)| {
+            let off = ((s - start) * 512) as usize;
+            let part = data.slice(off..off + n as usize * 512);
+            self.call("write", Command::Write, flags, s, n, Some(part))
+        }))
+        .await?;
+        if opts.fua && !native_fua {
+            self.flush(opts).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&self, _opts: IoOpts) -> Result<()> {
+        if self.info.read_only {
+            return Err(Error::ReadOnly {
+                device: self.info.name.clone(),
+            });
+        }
+        if self.flags & proto::TF_SEND_FLUSH == 0 {
+            return Ok(());
+        }
+        self.call("flush", Command::Flush, 0, 0, 0, None).await?;
+        Ok(())
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
+        self.info.check_discard(start, sectors)?;
+        // TRIM lengths are 32-bit: pieces of at most 2 GiB, whole logical blocks.
+        let lbs = u64::from(self.info.limits.logical_block_size) / 512;
+        let step = (u64::from(u32::MAX) / 512) / lbs * lbs;
+        let mut at = 0;
+        while at < sectors {
+            let n = step.min(sectors - at);
+            self.call("discard", Command::Trim, 0, start + at, n, None)
+                .await?;
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = NbdUrl::parse("nbd://h:1234/exp/with/slash").unwrap();
+        assert_eq!(u.addr, "h:1234");
+        assert_eq!(u.export, "exp/with/slash");
+        assert_eq!(NbdUrl::parse("nbd://h").unwrap().export, "");
+        assert_eq!(NbdUrl::parse("nbd://[::1]").unwrap().addr, "[::1]:10809");
+        assert_eq!(NbdUrl::parse("nbd://[::1]:99/x").unwrap().addr, "[::1]:99");
+        for bad in [
+            "nbd://",
+            "nbd://:80",
+            "nbd://h:99999",
+            "nbd://h:x/e",
+            "file:///x",
+        ] {
+            assert!(NbdUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! NBD: the server and the client backend against each other, against real peers (qemu-nbd,
+//! nbdkit with its error and delay filters), and against hostile clients speaking raw bytes.
+//! Tests that need a tool print why they skip when it is missing; CI installs them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tagstripe::nbd::{ClientConfig, NbdDevice, NbdServer, ServerConfig, proto};
+use tagstripe::quirks::QuirkSet;
+use tagstripe::{BlockDevice, Error, IoOpts, MemDevice, Volume};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn striped_mem(n: usize, sectors: u64) -> Volume {
+    let comps: Vec<Arc<dyn BlockDevice>> = (0..n)
+        .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), sectors)) as Arc<dyn BlockDevice>)
+        .collect();
+    Volume::builder(comps)
+        .interleave(16)
+        .quirks(QuirkSet::empty())
+        .build()
+        .unwrap()
+}
+
+/// Serves `server` on a loopback port; returns its URL base `nbd://127.0.0.1:PORT`.
+async fn start(server: NbdServer) -> (String, Arc<NbdServer>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = Arc::new(server);
+    tokio::spawn(Arc::clone(&server).serve(l));
+    (format!("nbd://{addr}"), server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_and_server_agree_at_depth() {
+    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(3, 32768));
+    let (base, server) =
+        start(NbdServer::new(ServerConfig::default()).export("vol", vol.clone())).await;
+    let c = Arc::new(NbdDevice::connect(&format!("{base}/vol")).await.unwrap());
+    assert_eq!(c.info().sectors, vol.info().sectors);
+    assert!(c.info().discard);
+    // 64 writes in flight, then 64 reads, each checked.
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let c = Arc::clone(&c);
+        tasks.push(tokio::spawn(async move {
+            let d = pattern(i, 8 * 512);
+            c.write(i * 160, Bytes::from(d), IoOpts::new())
+                .await
+                .unwrap();
+        }));
+    }
+    for t in tasks.drain(..) {
+        t.await.unwrap();
+    }
+    c.flush(IoOpts::new()).await.unwrap();
+    for i in 0..64u64 {
+        let c = Arc::clone(&c);
+        tasks.push(tokio::spawn(async move {
+            let got = c.read(i * 160, 8, IoOpts::new()).await.unwrap();
+            assert_eq!(got, pattern(i, 8 * 512), "request {i}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // What the client wrote is in the volume.
+    assert_eq!(
+        vol.read(160, 8, IoOpts::new()).await.unwrap(),
+        pattern(1, 4096)
+    );
+    // Discard zeroes; FUA writes complete.
+    c.discard(0, 16, IoOpts::new()).await.unwrap();
+    assert_eq!(
+        c.read(0, 16, IoOpts::new()).await.unwrap(),
+        vec![0u8; 16 * 512]
+    );
+    c.write(32, Bytes::from(vec![7u8; 512]), IoOpts::new().fua(true))
+        .await
+        .unwrap();
+    assert_eq!(
+        vol.read(32, 1, IoOpts::new()).await.unwrap(),
+        vec![7u8; 512]
+    );
+    // A request larger than the server's maximum is split by the client.
+    let big = pattern(99, 40 << 20);
+    let c2 = NbdDevice::connect(&format!("{base}/vol")).await.unwrap();
+    c2.write(0, Bytes::from(big.clone()), IoOpts::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        c2.read(0, (40 << 20) / 512, IoOpts::new()).await.unwrap(),
+        big
+    );
+    assert_eq!(c2.info().limits.max_hw_sectors, (32 << 20) / 512);
+    assert!(
+        server
+            .counters()
+            .transmissions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_reach_the_client_typed() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("ro", 2048));
+    let server = NbdServer::new(ServerConfig::default())
+        .export_with("ro", dev.clone(), "read-only", true)
+        .export("rw", dev);
+    let (base, _s) = start(server).await;
+    let ro = NbdDevice::connect(&format!("{base}/ro")).await.unwrap();
+    assert!(ro.info().read_only);
+    // The client refuses locally; the server would say EPERM.
+    assert!(matches!(
+        ro.write(0, Bytes::from(vec![1u8; 512]), IoOpts::new())
+            .await,
+        Err(Error::ReadOnly { .. })
+    ));
+    // Unknown export: a typed protocol error naming it.
+    match NbdDevice::connect(&format!("{base}/nope")).await {
+        Err(Error::Protocol { what, .. }) => assert!(what.contains("nope"), "{what}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    // The empty name is the default export (the first one).
+    let d = NbdDevice::connect(&base).await.unwrap();
+    assert_eq!(d.info().sectors, 2048);
+    // Past the end: refused before anything is sent.
+    assert!(matches!(
+        d.read(2040, 16, IoOpts::new()).await,
+        Err(Error::OutOfRange { .. })
+    ));
+}
+
+// ---------------------------------------------------------------------------------------
+// Real peers.
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("skipping: {tool} is not installed (Debian: qemu-utils / nbdkit)");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A server process (qemu-nbd or nbdkit) started in the background with a pid file;
+/// killed on drop.
+struct Peer {
+    pid_file: PathBuf,
+    port: u16,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+        }
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tagstripe-nbd-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// qemu-nbd serving `file` raw as export `name`; returns when it accepts connections.
+fn qemu_nbd(dir: &Path, file: &Path, name: &str) -> Peer {
+    let port = free_port();
+    let pid_file = dir.join(format!("qemu-nbd-{port}.pid"));
+    let st = Command::new("qemu-nbd")
+        .args([
+            "-f",
+            "raw",
+            "-b",
+            "127.0.0.1",
+            "-x",
+            name,
+            "--persistent",
+            "--fork",
+            "-e",
+            "8",
+        ])
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .arg(file)
+        .status()
+        .unwrap();
+    assert!(st.success(), "qemu-nbd failed to start");
+    Peer { pid_file, port }
+}
+
+/// nbdkit with `args` (plugin, filters, parameters); returns when it accepts connections.
+fn nbdkit(dir: &Path, args: &[&str]) -> Peer {
+    let port = free_port();
+    let pid_file = dir.join(format!("nbdkit-{port}.pid"));
+    let st = Command::new("nbdkit")
+        .args(["-i", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .arg("-P")
+        .arg(&pid_file)
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(st.success(), "nbdkit failed to start");
+    Peer { pid_file, port }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_against_qemu_nbd() {
+    if !have("qemu-nbd") {
+        return;
+    }
+    let dir = scratch("qemu");
+    let img = dir.join("disk.img");
+    let mut init = pattern(5, 4 << 20);
+    std::fs::write(&img, &init).unwrap();
+    let peer = qemu_nbd(&dir, &img, "disk");
+    let url = format!("nbd://127.0.0.1:{}/disk", peer.port);
+    let d = Arc::new(NbdDevice::connect(&url).await.unwrap());
+    assert_eq!(d.info().sectors, 8192);
+    assert_eq!(d.read(0, 8192, IoOpts::new()).await.unwrap(), init);
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let d = Arc::clone(&d);
+        tasks.push(tokio::spawn(async move {
+            d.write(
+                i * 64,
+                Bytes::from(pattern(100 + i, 64 * 512)),
+                IoOpts::new(),
+            )
+            .await
+            .unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    d.flush(IoOpts::new()).await.unwrap();
+    for i in 0..32usize {
+        init[i * 64 * 512..(i + 1) * 64 * 512].copy_from_slice(&pattern(100 + i as u64, 64 * 512));
+    }
+    // The bytes are in qemu-nbd's file.
+    assert_eq!(std::fs::read(&img).unwrap(), init);
+    d.discard(0, 64, IoOpts::new()).await.unwrap();
+    drop(d);
+    drop(peer);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_against_nbdkit_memory_and_filters() {
+    if !have("nbdkit") {
+        return;
+    }
+    let dir = scratch("nbdkit");
+    // Plain memory plugin.
+    let mem = nbdkit(&dir, &["memory", "16M"]);
+    let d = NbdDevice::connect(&format!("nbd://127.0.0.1:{}", mem.port))
+        .await
+        .unwrap();
+    assert_eq!(d.info().sectors, 32768);
+    d.write(8, Bytes::from(pattern(1, 1 << 20)), IoOpts::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        d.read(8, 2048, IoOpts::new()).await.unwrap(),
+        pattern(1, 1 << 20)
+    );
+    d.flush(IoOpts::new()).await.unwrap();
+    d.discard(8, 2048, IoOpts::new()).await.unwrap();
+    assert_eq!(d.read(8, 8, IoOpts::new()).await.unwrap(), vec![0u8; 4096]);
+
+    // The error filter: every read fails with EIO, which surfaces typed and named.
+    let bad = nbdkit(
+        &dir,
+        &[
+            "--filter=error",
+            "memory",
+            "16M",
+            "error-pread=EIO",
+            "error-pread-rate=100%",
+        ],
+    );
+    let d = NbdDevice::connect(&format!("nbd://127.0.0.1:{}", bad.port))
+        .await
+        .unwrap();
+    d.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new())
+        .await
+        .unwrap();
+    match d.read(0, 8, IoOpts::new()).await {
+        Err(Error::Nbd {
+            errno, device, op, ..
+        }) => {
+            assert_eq!(errno, proto::errno::EIO);
+            assert_eq!(op, "read");
+            assert!(device.contains(&bad.port.to_string()), "{device}");
+        }
+        other => panic!("expected an NBD EIO, got {other:?}"),
+    }
+    // In a volume, the error names the component.
+    let vol = Volume::builder(vec![
+        Arc::new(MemDevice::new("m", 32768)) as Arc<dyn BlockDevice>,
+        Arc::new(d),
+    ])
+    .interleave(16)
+    .quirks(QuirkSet::empty())
+    .build()
+    .unwrap();
+    match vol.read(16, 8, IoOpts::new()).await {
+        Err(Error::Component {
+            component: 1,
+            source,
+        }) => {
+            assert!(matches!(*source, Error::Nbd { errno: 5, .. }), "{source}");
+        }
+        other => panic!("expected component 1's EIO, got {other:?}"),
+    }
+
+    // The delay filter: 2 s per read against a 300 ms timeout.
+    let slow = nbdkit(&dir, &["--filter=delay", "memory", "16M", "rdelay=2"]);
+    let d = NbdDevice::connect_with(
+        &format!("nbd://127.0.0.1:{}", slow.port),
+        ClientConfig {
+            request_timeout: Duration::from_millis(300),
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        d.read(0, 8, IoOpts::new()).await,
+        Err(Error::Timeout { op: "read", .. })
+    ));
+    // Writes are not delayed and still work on the same connection.
+    d.write(0, Bytes::from(vec![3u8; 512]), IoOpts::new())
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostile clients: raw bytes.
+
+async fn handshake(s: &mut TcpStream) {
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    s.write_all(&3u32.to_be_bytes()).await.unwrap();
+}
+
+/// Negotiates export "vol" with NBD_OPT_EXPORT_NAME; returns the size.
+async fn open_raw(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    handshake(&mut s).await;
+    let head = proto::OptionHeader {
+        option: proto::OPT_EXPORT_NAME,
+        length: 3,
+    };
+    s.write_all(&head.encode()).await.unwrap();
+    s.write_all(b"vol").await.unwrap();
+    let mut b = [0u8; 10];
+    s.read_exact(&mut b).await.unwrap();
+    s
+}
+
+async fn request(s: &mut TcpStream, command: u16, offset: u64, length: u32) -> u32 {
+    let r = proto::Request {
+        flags: 0,
+        command: proto::Command::from_code(command),
+        handle: 42,
+        offset,
+        length,
+    };
+    s.write_all(&r.encode()).await.unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).await.unwrap();
+    let rep = proto::SimpleReply::parse(&h).unwrap();
+    assert_eq!(rep.handle, 42);
+    rep.error
+}
+
+/// Whether the server closed the connection (EOF within a few seconds).
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_leave_the_server_serving() {
+    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let known = pattern(7, 64 << 10);
+    vol.write(0, Bytes::from(known.clone()), IoOpts::new())
+        .await
+        .unwrap();
+    let config = ServerConfig {
+        handshake_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    };
+    let (base, _server) = start(NbdServer::new(config).export("vol", vol.clone())).await;
+    let addr = base.trim_start_matches("nbd://").to_owned();
+
+    // Bad client flags: closed.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    s.write_all(&0xffu32.to_be_bytes()).await.unwrap();
+    assert!(closed(&mut s).await, "unknown client flags");
+
+    // Bad option magic: closed.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    handshake(&mut s).await;
+    s.write_all(b"NOTMAGIC\0\0\0\x07\0\0\0\0").await.unwrap();
+    assert!(closed(&mut s).await, "bad option magic");
+
+    // Truncated handshake: the client stops sending; the server gives up in time.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    s.write_all(&[0, 0]).await.unwrap();
+    assert!(closed(&mut s).await, "truncated handshake");
+
+    // Huge option length: closed, nothing allocated for it.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    handshake(&mut s).await;
+    let head = proto::OptionHeader {
+        option: proto::OPT_GO,
+        length: u32::MAX,
+    };
+    s.write_all(&head.encode()).await.unwrap();
+    assert!(closed(&mut s).await, "huge option");
+
+    // Unknown option: an error reply, and the negotiation goes on.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    handshake(&mut s).await;
+    let head = proto::OptionHeader {
+        option: 0x7777,
+        length: 0,
+    };
+    s.write_all(&head.encode()).await.unwrap();
+    let mut h = [0u8; proto::OptionReply::LEN];
+    s.read_exact(&mut h).await.unwrap();
+    let rep = proto::OptionReply::parse(&h).unwrap();
+    assert_eq!(rep.reply, proto::REP_ERR_UNSUP);
+    let mut msg = vec![0u8; rep.length as usize];
+    s.read_exact(&mut msg).await.unwrap();
+    // LIST still works on the same connection.
+    let head = proto::OptionHeader {
+        option: proto::OPT_LIST,
+        length: 0,
+    };
+    s.write_all(&head.encode()).await.unwrap();
+    s.read_exact(&mut h).await.unwrap();
+    let rep = proto::OptionReply::parse(&h).unwrap();
+    assert_eq!(rep.reply, proto::REP_SERVER);
+    let mut d = vec![0u8; rep.length as usize];
+    s.read_exact(&mut d).await.unwrap();
+    assert_eq!(&d[4..], b"vol");
+
+    // Transmission: past the end, oversized, unknown command, misaligned.
+    let mut s = open_raw(&addr).await;
+    let size = 2 * 2048 * 512;
+    assert_eq!(request(&mut s, 0, size, 512).await, proto::errno::EINVAL);
+    assert_eq!(
+        request(&mut s, 0, u64::MAX - 100, 512).await,
+        proto::errno::EINVAL
+    );
+    assert_eq!(request(&mut s, 0, 0, 64 << 20).await, proto::errno::EINVAL);
+    assert_eq!(request(&mut s, 99, 0, 512).await, proto::errno::EINVAL);
+    assert_eq!(request(&mut s, 0, 1, 512).await, proto::errno::EINVAL);
+    // An oversized write: its payload is read off the wire and the request refused.
+    let r = proto::Request {
+        flags: 0,
+        command: proto::Command::Write,
+        handle: 42,
+        offset: 0,
+        length: 33 << 20,
+    };
+    s.write_all(&r.encode()).await.unwrap();
+    s.write_all(&vec![0xEEu8; 33 << 20]).await.unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!(
+        proto::SimpleReply::parse(&h).unwrap().error,
+        proto::errno::EINVAL
+    );
+    // A write past the end: ENOSPC, and its payload consumed.
+    let r = proto::Request {
+        offset: size,
+        length: 512,
+        ..r
+    };
+    s.write_all(&r.encode()).await.unwrap();
+    s.write_all(&[0xEE; 512]).await.unwrap();
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!(
+        proto::SimpleReply::parse(&h).unwrap().error,
+        proto::errno::ENOSPC
+    );
+    // Still in step: a good read works.
+    assert_eq!(request(&mut s, 0, 0, 512).await, 0);
+    let mut d = vec![0u8; 512];
+    s.read_exact(&mut d).await.unwrap();
+    assert_eq!(d, known[..512]);
+    // Garbage instead of a request: that connection closes.
+    s.write_all(&[0xAB; 28]).await.unwrap();
+    assert!(closed(&mut s).await, "garbage request");
+
+    // Disconnect in the middle of a write's payload: nothing of it lands.
+    let mut s = open_raw(&addr).await;
+    let r = proto::Request {
+        flags: 0,
+        command: proto::Command::Write,
+        handle: 1,
+        offset: 0,
+        length: 4096,
+    };
+    s.write_all(&r.encode()).await.unwrap();
+    s.write_all(&[0xCC; 1000]).await.unwrap();
+    drop(s);
+
+    // 64 connections at once, each writing and reading its own sector.
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let url = format!("{base}/vol");
+        tasks.push(tokio::spawn(async move {
+            let c = NbdDevice::connect(&url).await.unwrap();
+            let d = pattern(1000 + i, 512);
+            c.write(1024 + i, Bytes::from(d.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(c.read(1024 + i, 1, IoOpts::new()).await.unwrap(), d);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // Afterwards a normal client reads correct data.
+    let c = NbdDevice::connect(&format!("{base}/vol")).await.unwrap();
+    assert_eq!(c.read(0, 128, IoOpts::new()).await.unwrap(), known);
+    for i in 0..64u64 {
+        assert_eq!(
+            c.read(1024 + i, 1, IoOpts::new()).await.unwrap(),
+            pattern(1000 + i, 512)
+        );
+    }
+}
