@@ -8,11 +8,15 @@ use tagstripe_scheduler::{Nanos, Profile, sim};
 
 use crate::fail;
 
-/// Arguments of `tagstripe bench`.
+/// Arguments of `tagstripe bench`: with no subcommand, the seed stories on a striped
+/// volume (by default over 4 temporary files).
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct BenchArgs {
     #[command(subcommand)]
-    what: BenchCommand,
+    what: Option<BenchCommand>,
+    #[command(flatten)]
+    run: crate::story::RunArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -20,6 +24,8 @@ enum BenchCommand {
     /// A bulk writer and an interactive reader under each scheduler (reference/scheduling.md
     /// §5): unloaded, fifo, cam1998, maxtags2, deadline and tagstripe.
     Fairness(FairnessArgs),
+    /// Throughput and latency of one workload on a striped volume.
+    Throughput(crate::story::ThroughputArgs),
 }
 
 /// Arguments of `tagstripe bench fairness`.
@@ -48,7 +54,9 @@ fn parse_profile(s: &str) -> Result<Profile, String> {
 
 pub(crate) fn run(args: &BenchArgs) -> ExitCode {
     match &args.what {
-        BenchCommand::Fairness(f) => fairness(f),
+        None => crate::story::run(&args.run),
+        Some(BenchCommand::Fairness(f)) => fairness(f),
+        Some(BenchCommand::Throughput(t)) => crate::story::throughput(t),
     }
 }
 
@@ -70,43 +78,61 @@ fn fairness(args: &FairnessArgs) -> ExitCode {
         );
     }
     let r = sim::report(args.profile, args.seconds, args.seed);
-    let u = &r.unloaded.interactive;
-    let chain_ms = ms(r.unloaded_chains.chains.p99);
     if args.json {
-        let runs: Vec<_> = r
-            .rows
-            .iter()
-            .map(|row| {
-                let i = &row.with_reader.interactive;
-                json!({
-                    "scheduler": row.scheduler,
-                    "interactive": {"p50_ms": ms(i.p50), "p99_ms": ms(i.p99), "max_ms": ms(i.max)},
-                    "interactive_device_p99_ms": ms(row.with_reader.interactive_device.p99),
-                    "chain_p99_ms": ms(row.with_chains.chains.p99),
-                    "bulk_mb_s": mb(row.with_reader.bulk_bytes_per_sec),
-                    "bulk_idle_mb_s": mb(row.bulk_idle_bytes_per_sec),
-                    "barriers": row.with_reader.barriers,
-                    "min_openings": row.with_reader.min_openings,
-                })
-            })
-            .collect();
         outln!(
             "{}",
-            json!({
-                "profile": args.profile.name(),
-                "seconds": args.seconds,
-                "seed": args.seed,
-                "unloaded": {"p50_ms": ms(u.p50), "p99_ms": ms(u.p99), "max_ms": ms(u.max), "chain_ms": chain_ms},
-                "runs": runs,
-            })
+            fairness_json(&r, args.profile, args.seconds, args.seed)
         );
-        return ExitCode::SUCCESS;
+    } else {
+        fairness_table(&r, args.profile, args.seconds, args.seed);
     }
+    ExitCode::SUCCESS
+}
+
+/// The simulation's report as the JSON of `bench fairness --sim --json`.
+pub(crate) fn fairness_json(
+    r: &sim::Report,
+    profile: Profile,
+    seconds: u64,
+    seed: u64,
+) -> serde_json::Value {
+    let u = &r.unloaded.interactive;
+    let chain_ms = ms(r.unloaded_chains.chains.p99);
+    let runs: Vec<_> = r
+        .rows
+        .iter()
+        .map(|row| {
+            let i = &row.with_reader.interactive;
+            json!({
+                "scheduler": row.scheduler,
+                "interactive": {"p50_ms": ms(i.p50), "p99_ms": ms(i.p99), "max_ms": ms(i.max)},
+                "interactive_device_p99_ms": ms(row.with_reader.interactive_device.p99),
+                "chain_p99_ms": ms(row.with_chains.chains.p99),
+                "bulk_mb_s": mb(row.with_reader.bulk_bytes_per_sec),
+                "bulk_idle_mb_s": mb(row.bulk_idle_bytes_per_sec),
+                "barriers": row.with_reader.barriers,
+                "min_openings": row.with_reader.min_openings,
+            })
+        })
+        .collect();
+    json!({
+        "profile": profile.name(),
+        "seconds": seconds,
+        "seed": seed,
+        "unloaded": {"p50_ms": ms(u.p50), "p99_ms": ms(u.p99), "max_ms": ms(u.max), "chain_ms": chain_ms},
+        "runs": runs,
+    })
+}
+
+/// The simulation's report as a table.
+pub(crate) fn fairness_table(r: &sim::Report, profile: Profile, seconds: u64, seed: u64) {
+    let u = &r.unloaded.interactive;
+    let chain_ms = ms(r.unloaded_chains.chains.p99);
     outln!(
         "fairness on {} ({} s simulated, seed {}): one sequential 64 KiB writer at QD 64, QD-1 4 KiB random reads, 20-read login chains",
-        args.profile.name(),
-        args.seconds,
-        args.seed
+        profile.name(),
+        seconds,
+        seed
     );
     outln!(
         "{:<10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10}",
@@ -144,5 +170,4 @@ fn fairness(args: &FairnessArgs) -> ExitCode {
     outln!(
         "latencies run from submission to completion; reads still waiting at the end count with the time waited"
     );
-    ExitCode::SUCCESS
 }

@@ -4,7 +4,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::sync::Arc;
 
 use tagstripe::nbd::NbdDevice;
-use tagstripe::{BlockDevice, FileDevice, FileOptions};
+use tagstripe::scheduler::Profile;
+use tagstripe::{BlockDevice, FileDevice, FileOptions, SimDevice};
 
 /// How to open components.
 #[derive(Clone, Copy, Debug, Default)]
@@ -15,8 +16,25 @@ pub(crate) struct OpenOptions {
     pub direct: bool,
 }
 
-/// Opens one component: `nbd://host[:port][/export]`, a block device, or a regular file.
+/// Opens one component: `nbd://host[:port][/export]`, `sim:PROFILE:SIZE` (a simulated disk
+/// in memory, e.g. `sim:hdd-1998:256M`), a block device, or a regular file.
 pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevice>, String> {
+    if let Some(rest) = spec.strip_prefix("sim:") {
+        let (profile, size) = rest
+            .split_once(':')
+            .ok_or_else(|| format!("{spec:?}: expected sim:PROFILE:SIZE"))?;
+        let profile = Profile::parse(profile)
+            .ok_or_else(|| format!("{spec:?}: profile must be hdd-1998, hdd-modern or ssd"))?;
+        let bytes = crate::load::parse_size(size)?;
+        if bytes % 512 != 0 {
+            return Err(format!("{spec:?}: size must be whole 512-byte sectors"));
+        }
+        return Ok(Arc::new(SimDevice::with_profile(
+            spec,
+            profile,
+            bytes / 512,
+        )));
+    }
     if spec.starts_with("nbd://") {
         let d = NbdDevice::connect(spec).await.map_err(|e| e.to_string())?;
         return Ok(Arc::new(d));
@@ -29,6 +47,11 @@ pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevi
     let is_block = std::fs::metadata(spec)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false);
+    // io_uring where it is built in and the kernel allows it; the thread pool otherwise.
+    #[cfg(feature = "uring")]
+    if let Ok(d) = tagstripe::UringDevice::open(spec, opts, is_block, 256) {
+        return Ok(Arc::new(d));
+    }
     let dev = if is_block {
         FileDevice::open_block(spec, opts)
     } else {

@@ -19,10 +19,14 @@ macro_rules! outln {
 mod bench;
 mod components;
 mod info;
+mod load;
 mod map;
+#[cfg(feature = "extras")]
+mod plot;
 mod quirks;
 mod serve;
 mod split;
+mod story;
 
 /// Striping, tagged queueing and request splitting for storage engineers.
 #[derive(Debug, Parser)]
@@ -40,7 +44,8 @@ enum Command {
     Split(split::SplitArgs),
     /// List the quirk table with sources, or show what applies to a device and why.
     Quirks(quirks::QuirksArgs),
-    /// Benchmarks: the fairness story on the simulated disk.
+    /// Benchmarks: the seed stories on a striped volume (sweep, bonnie-style summary,
+    /// fairness), one workload's throughput, the fairness simulation.
     Bench(bench::BenchArgs),
     /// What tagstripe sees of a file or block device: size, block sizes, limits, identity,
     /// and the quirk row that applies.

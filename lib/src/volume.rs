@@ -136,11 +136,13 @@ impl VolumeBuilder {
             .sector_size(sector_size)
             .build()?;
         let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(self.components.len());
+        let mut component_stats = Vec::new();
         for c in self.components {
             let info = c.info();
             let applied = self.quirks.apply(&info.identity, &info.limits)?;
             let dev: Arc<dyn BlockDevice> = if self.queue {
                 let queue = Queue::with_policy(c, Box::new(Fair::new(self.fair)));
+                component_stats.push(queue.stats_handle());
                 Arc::new(Split::new(queue, &applied, self.mod15)?)
             } else {
                 Arc::new(Split::new(c, &applied, self.mod15)?)
@@ -151,6 +153,7 @@ impl VolumeBuilder {
         Ok(Volume {
             striped,
             stats: Stats::default(),
+            component_stats,
         })
     }
 }
@@ -161,6 +164,7 @@ impl VolumeBuilder {
 pub struct Volume {
     striped: Striped,
     stats: Stats,
+    component_stats: Vec<Arc<Stats>>,
 }
 
 impl Volume {
@@ -192,6 +196,13 @@ impl Volume {
     #[must_use]
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Each component's statistics as seen at its queue (pieces, not volume requests), in
+    /// component order: `iostat -x` per disk. Empty if the volume was built without queues.
+    #[must_use]
+    pub fn component_stats(&self) -> &[Arc<Stats>] {
+        &self.component_stats
     }
 
     /// The wrapped components (`Split<Queue<D>>`), in order.

@@ -169,7 +169,7 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
 pub struct Queue<D> {
     dev: D,
     inner: Arc<Mutex<Inner>>,
-    stats: Stats,
+    stats: Arc<Stats>,
 }
 
 impl<D: BlockDevice> Queue<D> {
@@ -193,13 +193,19 @@ impl<D: BlockDevice> Queue<D> {
                 timer_at: None,
             })),
             dev,
-            stats: Stats::default(),
+            stats: Arc::new(Stats::default()),
         }
     }
 
     /// The device's statistics, as seen at the queue.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The statistics, shared: they stay readable after the queue is wrapped in other
+    /// layers (how [`crate::Volume::component_stats`] sees each component).
+    pub fn stats_handle(&self) -> Arc<Stats> {
+        Arc::clone(&self.stats)
     }
 
     /// Sets the openings at run time (`camcontrol tags -N`).
