@@ -78,3 +78,37 @@ fn uring_reads_back_what_it_wrote_concurrently() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+#[test]
+fn uring_survives_a_new_runtime_and_drops_with_requests_in_flight() {
+    let path = std::env::temp_dir().join(format!("tagstripe-uring-rt-{}.img", std::process::id()));
+    drop(FileDevice::create(&path, 8192, FileOptions::default()).unwrap());
+    let Some(dev) = open(&path, true) else {
+        return;
+    };
+    let dev = Arc::new(dev);
+    // First runtime: write, then the runtime goes away (and its reaper with it).
+    rt().block_on(async {
+        dev.write(0, Bytes::from(vec![9u8; 4096]), IoOpts::new())
+            .await
+            .unwrap();
+    });
+    // A second runtime: the device starts a new reaper and keeps working.
+    rt().block_on(async {
+        assert_eq!(
+            dev.read(0, 8, IoOpts::new()).await.unwrap(),
+            vec![9u8; 4096]
+        );
+        // Requests abandoned in flight: their futures are dropped at once...
+        for i in 0..32u64 {
+            let d = Arc::clone(&dev);
+            let f = async move { d.read(i * 8, 8, IoOpts::new()).await };
+            let _ = tokio::time::timeout(std::time::Duration::ZERO, f).await;
+        }
+    });
+    // ...and the device, dropped last, waits for the kernel before freeing their buffers.
+    drop(dev);
+    let raw = std::fs::read(&path).unwrap();
+    assert_eq!(raw[..4096], vec![9u8; 4096][..]);
+    std::fs::remove_file(&path).unwrap();
+}

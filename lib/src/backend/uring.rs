@@ -1,43 +1,25 @@
-//! An io_uring backend (feature `uring`): the file backend's semantics without a thread
-//! handoff per request.
+//! An io_uring backend (feature `uring`): the file backend's semantics with no thread
+//! handoff per request. The caller's task submits (one `io_uring_enter`), and completions are
+//! reaped by a task woken through tokio's reactor when the ring's fd becomes readable.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use io_uring::{IoUring, opcode, types};
+use io_uring::{IoUring, opcode, squeue, types};
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use super::file::{needs_copy, read_buffer};
 use crate::{BlockDevice, DeviceInfo, Error, FileDevice, FileOptions, IoOpts, Result};
-
-enum Job {
-    Read {
-        offset: u64,
-        len: usize,
-        reply: oneshot::Sender<io::Result<Bytes>>,
-    },
-    Write {
-        offset: u64,
-        data: Bytes,
-        sync: bool,
-        reply: oneshot::Sender<io::Result<()>>,
-    },
-    Fsync {
-        reply: oneshot::Sender<io::Result<()>>,
-    },
-    Discard {
-        offset: u64,
-        len: u64,
-        reply: oneshot::Sender<io::Result<()>>,
-    },
-}
 
 /// A request in the ring: its buffer lives here until its completion is reaped.
 enum InFlight {
@@ -50,22 +32,138 @@ enum InFlight {
     Write {
         _data: Bytes,
         len: usize,
-        then_sync: bool,
         reply: oneshot::Sender<io::Result<()>>,
     },
-    Fsync {
+    Other {
         reply: oneshot::Sender<io::Result<()>>,
     },
 }
 
-/// A file or block device driven through io_uring by a thread that owns the ring: the same
-/// semantics as [`FileDevice`] (positional I/O, optional `O_DIRECT`, flush = fdatasync, FUA
-/// = write then fdatasync, discard = punch hole). Where io_uring is unavailable (old kernel, seccomp, disabled),
-/// opening fails with [`Error::Unsupported`].
+struct Ring {
+    ring: IoUring,
+    inflight: HashMap<u64, InFlight>,
+    next: u64,
+}
+
+struct Shared {
+    ring: Mutex<Ring>,
+    /// The file the ring's entries name by fd; kept open as long as the ring.
+    file: File,
+    /// The task that reaps completions, bound to the runtime it was started on.
+    reaper: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(r) = self.reaper.get_mut().take() {
+            r.abort();
+        }
+        // Requests still in the kernel write into buffers owned here: wait for every one of
+        // them before the buffers are freed.
+        let st = self.ring.get_mut();
+        while !st.inflight.is_empty() {
+            if st.ring.submit_and_wait(1).is_err() {
+                // The ring cannot wait (it should always be able to): leak the buffers
+                // rather than free memory the kernel may still write.
+                std::mem::forget(std::mem::take(&mut st.inflight));
+                break;
+            }
+            reap(st);
+        }
+    }
+}
+
+/// Takes every completion off the ring and answers its request.
+fn reap(st: &mut Ring) {
+    let done: Vec<(u64, i32)> = st
+        .ring
+        .completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect();
+    for (id, res) in done {
+        let Some(state) = st.inflight.remove(&id) else {
+            continue;
+        };
+        if res < 0 {
+            fail(state, io::Error::from_raw_os_error(-res));
+            continue;
+        }
+        let n = res as usize;
+        match state {
+            InFlight::Read {
+                buf,
+                off,
+                len,
+                reply,
+            } => {
+                let r = if n == len {
+                    Ok(Bytes::from(buf).slice(off..off + len))
+                } else {
+                    Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+                };
+                let _ = reply.send(r);
+            }
+            InFlight::Write { len, reply, .. } => {
+                let r = if n == len {
+                    Ok(())
+                } else {
+                    Err(io::Error::from(io::ErrorKind::WriteZero))
+                };
+                let _ = reply.send(r);
+            }
+            InFlight::Other { reply } => {
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+}
+
+fn fail(state: InFlight, e: io::Error) {
+    match state {
+        InFlight::Read { reply, .. } => {
+            let _ = reply.send(Err(e));
+        }
+        InFlight::Write { reply, .. } | InFlight::Other { reply } => {
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
+/// Reaps completions whenever the ring's fd (a duplicate, owned here) turns readable.
+async fn reaper(fd: AsyncFd<OwnedFd>, shared: Weak<Shared>) {
+    loop {
+        let Ok(mut guard) = fd.readable().await else {
+            return;
+        };
+        // Cleared before reaping, so a completion posted while reaping wakes us again.
+        guard.clear_ready();
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        reap(&mut shared.ring.lock());
+    }
+}
+
+/// A file or block device driven through io_uring: the same semantics as [`FileDevice`]
+/// (positional I/O, optional `O_DIRECT`, flush = fdatasync, FUA = write then fdatasync,
+/// discard = punch hole). Requests are submitted from the calling task and completed by a
+/// task on the caller's tokio runtime (the runtime of the first request, or a later one if
+/// that runtime has gone), which must have I/O enabled (`enable_io` or `enable_all`). Where io_uring is unavailable (old kernel, seccomp, disabled),
+/// opening fails with [`Error::Unsupported`]. Dropping the device waits for requests still
+/// in the kernel.
 #[derive(Debug)]
 pub struct UringDevice {
     info: DeviceInfo,
-    jobs: mpsc::Sender<Job>,
+    direct: bool,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("in_flight", &self.ring.lock().inflight.len())
+            .finish()
+    }
 }
 
 impl UringDevice {
@@ -94,41 +192,23 @@ impl UringDevice {
             sectors: 0,
             source: e,
         })?;
-        let ring = IoUring::new(depth.max(2)).map_err(|_| Error::Unsupported {
+        let ring = IoUring::new(depth.clamp(2, 4096)).map_err(|_| Error::Unsupported {
             device: info.name.clone(),
             op: "io_uring",
         })?;
-        let (tx, rx) = mpsc::channel();
-        let direct = opts.direct;
-        std::thread::Builder::new()
-            .name(format!("uring:{}", info.name))
-            .spawn(move || run(ring, file, rx, direct))
-            .map_err(|e| Error::Io {
-                device: info.name.clone(),
-                op: "spawn",
-                start: 0,
-                sectors: 0,
-                source: e,
-            })?;
-        Ok(Self { info, jobs: tx })
-    }
-
-    /// Sends a job built around a reply channel and waits for the answer.
-    async fn ask<T>(
-        &self,
-        op: &'static str,
-        start: u64,
-        sectors: u64,
-        job: impl FnOnce(oneshot::Sender<io::Result<T>>) -> Job,
-    ) -> Result<T> {
-        let closed = || Error::Closed {
-            device: self.info.name.clone(),
-        };
-        let (reply, rx) = oneshot::channel();
-        self.jobs.send(job(reply)).map_err(|_| closed())?;
-        rx.await
-            .map_err(|_| closed())?
-            .map_err(self.io(op, start, sectors))
+        Ok(Self {
+            info,
+            direct: opts.direct,
+            shared: Arc::new(Shared {
+                ring: Mutex::new(Ring {
+                    ring,
+                    inflight: HashMap::new(),
+                    next: 0,
+                }),
+                file,
+                reaper: Mutex::new(None),
+            }),
+        })
     }
 
     fn io(&self, op: &'static str, start: u64, sectors: u64) -> impl Fn(io::Error) -> Error + '_ {
@@ -140,209 +220,115 @@ impl UringDevice {
             source,
         }
     }
+
+    /// Starts the reaper on this runtime unless one is running.
+    fn ensure_reaper(&self) -> io::Result<()> {
+        let mut r = self.shared.reaper.lock();
+        if r.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Ok(());
+        }
+        let dup = self.shared.ring.lock().ring.as_fd().try_clone_to_owned()?;
+        // SAFETY: `dup` is an open fd owned by the `OwnedFd` moved into the `AsyncFd`; an
+        // `OwnedFd` never closes or replaces its fd before it is dropped, which happens only
+        // after the `AsyncFd` deregisters it. Exercised by every uring test.
+        let fd = unsafe { AsyncFd::register_with_interest(dup, tokio::io::Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        *r = Some(tokio::spawn(reaper(fd, Arc::downgrade(&self.shared))));
+        Ok(())
+    }
+
+    /// Puts one entry in the ring (its buffers in `state`) and submits it.
+    fn submit(&self, entry: squeue::Entry, state: InFlight) -> io::Result<()> {
+        self.ensure_reaper()?;
+        let mut st = self.shared.ring.lock();
+        let id = st.next;
+        st.next = st.next.wrapping_add(1);
+        let entry = entry.user_data(id);
+        st.inflight.insert(id, state);
+        // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
+        // `inflight[id]`; moving the owner does not move the heap buffer, and the owner is
+        // kept until the completion carrying `id` is reaped (`reap`), also when the device
+        // is dropped first (`Shared::drop` waits). The fd belongs to `shared.file`, open as
+        // long as the ring. Exercised by the uring tests.
+        let mut pushed = unsafe { st.ring.submission().push(&entry) };
+        if pushed.is_err() {
+            // The submission queue is full: hand it to the kernel, then push again.
+            let _ = st.ring.submit();
+            // SAFETY: as above.
+            pushed = unsafe { st.ring.submission().push(&entry) };
+        }
+        if pushed.is_err() {
+            if let Some(state) = st.inflight.remove(&id) {
+                fail(state, io::Error::from(io::ErrorKind::WouldBlock));
+            }
+            return Ok(());
+        }
+        if let Err(e) = st.ring.submit() {
+            // Nothing was taken: fail what is queued rather than leave it waiting.
+            if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EAGAIN) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_bytes(&self, start: u64, sectors: u64) -> Result<Bytes> {
+        let len = sectors as usize * 512;
+        let n = ring_len(len).map_err(self.io("read", start, sectors))?;
+        let (mut buf, off) = read_buffer(len, self.direct);
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        let e = opcode::Read::new(fd, buf[off..].as_mut_ptr(), n)
+            .offset(start * 512)
+            .build();
+        let (reply, rx) = oneshot::channel();
+        self.submit(
+            e,
+            InFlight::Read {
+                buf,
+                off,
+                len,
+                reply,
+            },
+        )
+        .map_err(self.io("read", start, sectors))?;
+        rx.await
+            .map_err(|_| self.closed())?
+            .map_err(self.io("read", start, sectors))
+    }
+
+    async fn simple(
+        &self,
+        op: &'static str,
+        start: u64,
+        sectors: u64,
+        e: squeue::Entry,
+    ) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(e, InFlight::Other { reply })
+            .map_err(self.io(op, start, sectors))?;
+        rx.await
+            .map_err(|_| self.closed())?
+            .map_err(self.io(op, start, sectors))
+    }
+
+    async fn fsync(&self, op: &'static str, start: u64, sectors: u64) -> Result<()> {
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        let e = opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build();
+        self.simple(op, start, sectors, e).await
+    }
+
+    fn closed(&self) -> Error {
+        Error::Closed {
+            device: self.info.name.clone(),
+        }
+    }
 }
 
+/// A length the ring takes (32 bits).
 fn ring_len(len: usize) -> io::Result<u32> {
     u32::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
-/// The ring's thread: takes jobs, submits them, reaps completions, answers.
-fn run(mut ring: IoUring, file: File, jobs: mpsc::Receiver<Job>, direct: bool) {
-    let fd = types::Fd(file.as_raw_fd());
-    let mut inflight: HashMap<u64, InFlight> = HashMap::new();
-    let mut next: u64 = 0;
-    let mut closed = false;
-    loop {
-        // New work: block when idle, otherwise take what is there.
-        let job = if inflight.is_empty() {
-            if closed {
-                return;
-            }
-            match jobs.recv() {
-                Ok(j) => Some(j),
-                Err(_) => return,
-            }
-        } else {
-            match jobs.try_recv() {
-                Ok(j) => Some(j),
-                Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    closed = true;
-                    None
-                }
-            }
-        };
-        if let Some(job) = job {
-            let id = next;
-            next = next.wrapping_add(1);
-            let (entry, state) = match job {
-                Job::Read { offset, len, reply } => {
-                    let (mut buf, off) = read_buffer(len, direct);
-                    let Ok(n) = ring_len(len) else {
-                        let _ = reply.send(Err(io::Error::from(io::ErrorKind::InvalidInput)));
-                        continue;
-                    };
-                    let ptr = buf[off..].as_mut_ptr();
-                    let e = opcode::Read::new(fd, ptr, n)
-                        .offset(offset)
-                        .build()
-                        .user_data(id);
-                    (
-                        e,
-                        InFlight::Read {
-                            buf,
-                            off,
-                            len,
-                            reply,
-                        },
-                    )
-                }
-                Job::Write {
-                    offset,
-                    data,
-                    sync,
-                    reply,
-                } => {
-                    let len = data.len();
-                    // The caller's bytes go to the ring as they are, unless O_DIRECT needs
-                    // them aligned.
-                    let data = if needs_copy(&data, direct) {
-                        let (mut v, off) = read_buffer(len, true);
-                        v[off..off + len].copy_from_slice(&data);
-                        Bytes::from(v).slice(off..off + len)
-                    } else {
-                        data
-                    };
-                    let Ok(n) = ring_len(len) else {
-                        let _ = reply.send(Err(io::Error::from(io::ErrorKind::InvalidInput)));
-                        continue;
-                    };
-                    let e = opcode::Write::new(fd, data.as_ptr(), n)
-                        .offset(offset)
-                        .build()
-                        .user_data(id);
-                    (
-                        e,
-                        InFlight::Write {
-                            _data: data,
-                            len,
-                            then_sync: sync,
-                            reply,
-                        },
-                    )
-                }
-                Job::Fsync { reply } => {
-                    let e = opcode::Fsync::new(fd)
-                        .flags(types::FsyncFlags::DATASYNC)
-                        .build()
-                        .user_data(id);
-                    (e, InFlight::Fsync { reply })
-                }
-                Job::Discard { offset, len, reply } => {
-                    let e = opcode::Fallocate::new(fd, len)
-                        .offset(offset)
-                        .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
-                        .build()
-                        .user_data(id);
-                    (e, InFlight::Fsync { reply })
-                }
-            };
-            inflight.insert(id, state);
-            // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
-            // `inflight[id]`; moving the owner does not move the heap buffer, and the owner is
-            // kept until the completion carrying `id` is reaped below. The fd belongs to
-            // `file`, alive for the whole loop. Exercised by the uring tests.
-            let pushed = unsafe { ring.submission().push(&entry) };
-            if pushed.is_err() {
-                // The queue is full: submit what is there, then push again.
-                let _ = ring.submit();
-                // SAFETY: as above.
-                if unsafe { ring.submission().push(&entry) }.is_err() {
-                    if let Some(state) = inflight.remove(&id) {
-                        fail(state, io::Error::from(io::ErrorKind::WouldBlock));
-                    }
-                }
-            }
-            // Take every job already waiting before submitting (one syscall for many).
-            continue;
-        }
-        if inflight.is_empty() {
-            continue;
-        }
-        // Wait for at least one completion, but not so long that new jobs starve.
-        let ts = types::Timespec::from(Duration::from_micros(200));
-        let args = types::SubmitArgs::new().timespec(&ts);
-        match ring.submitter().submit_with_args(1, &args) {
-            Ok(_) => {}
-            Err(e)
-                if e.raw_os_error() == Some(libc::ETIME)
-                    || e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(e) => {
-                for (_, state) in inflight.drain() {
-                    fail(state, io::Error::new(e.kind(), e.to_string()));
-                }
-                continue;
-            }
-        }
-        let done: Vec<(u64, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (id, res) in done {
-            let Some(state) = inflight.remove(&id) else {
-                continue;
-            };
-            if res < 0 {
-                fail(state, io::Error::from_raw_os_error(-res));
-                continue;
-            }
-            let n = res as usize;
-            match state {
-                InFlight::Read {
-                    buf,
-                    off,
-                    len,
-                    reply,
-                } => {
-                    let r = if n == len {
-                        Ok(Bytes::from(buf).slice(off..off + len))
-                    } else {
-                        Err(io::Error::from(io::ErrorKind::UnexpectedEof))
-                    };
-                    let _ = reply.send(r);
-                }
-                InFlight::Write {
-                    len,
-                    then_sync,
-                    reply,
-                    ..
-                } => {
-                    let r = if n != len {
-                        Err(io::Error::from(io::ErrorKind::WriteZero))
-                    } else if then_sync {
-                        file.sync_data()
-                    } else {
-                        Ok(())
-                    };
-                    let _ = reply.send(r);
-                }
-                InFlight::Fsync { reply } => {
-                    let _ = reply.send(Ok(()));
-                }
-            }
-        }
-    }
-}
-
-fn fail(state: InFlight, e: io::Error) {
-    match state {
-        InFlight::Read { reply, .. } => {
-            let _ = reply.send(Err(e));
-        }
-        InFlight::Write { reply, .. } | InFlight::Fsync { reply } => {
-            let _ = reply.send(Err(e));
-        }
-    }
 }
 
 #[async_trait]
@@ -353,25 +339,42 @@ impl BlockDevice for UringDevice {
 
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let (offset, len) = (start * 512, sectors as usize * 512);
-        self.ask("read", start, sectors, |reply| Job::Read {
-            offset,
-            len,
-            reply,
-        })
-        .await
+        self.read_bytes(start, sectors).await
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let (offset, sync) = (start * 512, opts.fua);
-        self.ask("write", start, sectors, |reply| Job::Write {
-            offset,
-            data,
-            sync,
-            reply,
-        })
-        .await
+        let len = data.len();
+        let n = ring_len(len).map_err(self.io("write", start, sectors))?;
+        // The caller's bytes go to the ring as they are, unless O_DIRECT needs them aligned.
+        let data = if needs_copy(&data, self.direct) {
+            let (mut v, off) = read_buffer(len, true);
+            v[off..off + len].copy_from_slice(&data);
+            Bytes::from(v).slice(off..off + len)
+        } else {
+            data
+        };
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        let e = opcode::Write::new(fd, data.as_ptr(), n)
+            .offset(start * 512)
+            .build();
+        let (reply, rx) = oneshot::channel();
+        self.submit(
+            e,
+            InFlight::Write {
+                _data: data,
+                len,
+                reply,
+            },
+        )
+        .map_err(self.io("write", start, sectors))?;
+        rx.await
+            .map_err(|_| self.closed())?
+            .map_err(self.io("write", start, sectors))?;
+        if opts.fua {
+            self.fsync("write", start, sectors).await?;
+        }
+        Ok(())
     }
 
     async fn flush(&self, _opts: IoOpts) -> Result<()> {
@@ -380,17 +383,16 @@ impl BlockDevice for UringDevice {
                 device: self.info.name.clone(),
             });
         }
-        self.ask("flush", 0, 0, |reply| Job::Fsync { reply }).await
+        self.fsync("flush", 0, 0).await
     }
 
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
-        let (offset, len) = (start * 512, sectors * 512);
-        self.ask("discard", start, sectors, |reply| Job::Discard {
-            offset,
-            len,
-            reply,
-        })
-        .await
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        let e = opcode::Fallocate::new(fd, sectors * 512)
+            .offset(start * 512)
+            .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+            .build();
+        self.simple("discard", start, sectors, e).await
     }
 }
