@@ -44,18 +44,27 @@ pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevi
         direct: o.direct,
         ..FileOptions::default()
     };
-    let is_block = std::fs::metadata(spec)
+    open_file(spec, opts)
+}
+
+/// Opens a file or block device: through io_uring where it is built in and the kernel
+/// allows it, through the thread pool otherwise.
+pub(crate) fn open_file(
+    path: impl AsRef<std::path::Path>,
+    opts: FileOptions,
+) -> Result<Arc<dyn BlockDevice>, String> {
+    let path = path.as_ref();
+    let is_block = std::fs::metadata(path)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false);
-    // io_uring where it is built in and the kernel allows it; the thread pool otherwise.
     #[cfg(feature = "uring")]
-    if let Ok(d) = tagstripe::UringDevice::open(spec, opts, is_block, 256) {
+    if let Ok(d) = tagstripe::UringDevice::open(path, opts, is_block, 256) {
         return Ok(Arc::new(d));
     }
     let dev = if is_block {
-        FileDevice::open_block(spec, opts)
+        FileDevice::open_block(path, opts)
     } else {
-        FileDevice::open(spec, opts)
+        FileDevice::open(path, opts)
     };
     dev.map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
         .map_err(|e| e.to_string())
