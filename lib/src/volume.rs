@@ -205,6 +205,30 @@ impl Volume {
         &self.component_stats
     }
 
+    /// The components dropped from a mirror after failing a write (their data is stale);
+    /// the volume serves from their partners. Empty when healthy.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bytes::Bytes;
+    /// use tagstripe::striping::Flavor;
+    /// use tagstripe::{BlockDevice, FaultDevice, IoOpts, MemDevice, Volume};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let b = Arc::new(FaultDevice::new(MemDevice::new("b", 1024)));
+    /// let comps: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(MemDevice::new("a", 1024)), b.clone()];
+    /// let vol = Volume::builder(comps).flavor(Flavor::FreeBsd).mirror(true).build()?;
+    /// b.kill(); // the mirror side fails for good
+    /// vol.write(0, Bytes::from(vec![4u8; 4096]), IoOpts::new()).await?; // still served
+    /// assert_eq!(vol.degraded(), [1]);
+    /// assert_eq!(vol.read(0, 8, IoOpts::new()).await?, vec![4u8; 4096]);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn degraded(&self) -> Vec<usize> {
+        self.striped.failed_components()
+    }
+
     /// The wrapped components (`Split<Queue<D>>`), in order.
     #[must_use]
     pub fn components(&self) -> &[Arc<dyn BlockDevice>] {

@@ -395,7 +395,7 @@ fn simulated_volumes_match_the_model() {
     run_cases(Backend::Sim, 16);
 }
 
-/// A mirror keeps serving reads with one side dead.
+/// A mirror keeps serving reads and writes with one side dead, and says it is degraded.
 #[test]
 fn mirror_reads_survive_a_dead_side() {
     rt().block_on(async {
@@ -410,13 +410,26 @@ fn mirror_reads_survive_a_dead_side() {
         f.faults[0].clear();
         f.faults[1].kill();
         assert_eq!(f.vol.read(0, 64, IoOpts::new()).await.unwrap(), data);
-        // Writes need both sides: a dead side fails them, naming the component.
+        // A write with one side dead is served by the other: the dead side is dropped from
+        // the mirror and the volume says it is degraded.
+        let new = pattern(0, 64, 10);
+        f.vol
+            .write(0, Bytes::from(new.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(f.vol.degraded(), [1]);
+        // The dropped side stays out even once it answers again: its data is stale.
+        f.faults[1].clear();
+        assert_eq!(f.vol.read(0, 64, IoOpts::new()).await.unwrap(), new);
+        // The last side is never dropped: its failure fails the write, naming it.
+        f.faults[0].kill();
         let e = f
             .vol
             .write(0, Bytes::from(data), IoOpts::new())
             .await
             .unwrap_err();
-        assert!(e.to_string().contains("component 1"), "{e}");
+        assert!(e.to_string().contains("component 0"), "{e}");
+        assert_eq!(f.vol.degraded(), [1]);
     });
 }
 

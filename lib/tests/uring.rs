@@ -52,6 +52,14 @@ fn uring_reads_back_what_it_wrote_concurrently() {
                             .await
                             .unwrap();
                         assert_eq!(dev.read(i * 16, 16, IoOpts::new()).await.unwrap(), data);
+                        // read_into, through the buffer pool, twice (the second reuses).
+                        for _ in 0..2 {
+                            let mut buf = vec![0u8; 8192];
+                            dev.read_into(i * 16, &mut buf, IoOpts::new())
+                                .await
+                                .unwrap();
+                            assert_eq!(buf, data);
+                        }
                     })
                 })
                 .collect();

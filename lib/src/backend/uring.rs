@@ -29,6 +29,13 @@ enum InFlight {
         len: usize,
         reply: oneshot::Sender<io::Result<Bytes>>,
     },
+    /// A read into a pooled buffer, handed back whole for `read_into` to copy from.
+    ReadPooled {
+        buf: Vec<u8>,
+        off: usize,
+        len: usize,
+        reply: oneshot::Sender<io::Result<(Vec<u8>, usize)>>,
+    },
     Write {
         _data: Bytes,
         len: usize,
@@ -51,7 +58,13 @@ struct Shared {
     file: File,
     /// The task that reaps completions, bound to the runtime it was started on.
     reaper: Mutex<Option<JoinHandle<()>>>,
+    /// Read buffers of `read_into`, reused: no allocation, zeroing or page faults per read.
+    pool: Mutex<Vec<Vec<u8>>>,
 }
+
+/// Buffers kept in the pool, and the largest kept.
+const POOL_BUFFERS: usize = 64;
+const POOL_MAX_BYTES: usize = 4 << 20;
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -103,6 +116,19 @@ fn reap(st: &mut Ring) {
                 };
                 let _ = reply.send(r);
             }
+            InFlight::ReadPooled {
+                buf,
+                off,
+                len,
+                reply,
+            } => {
+                let r = if n == len {
+                    Ok((buf, off))
+                } else {
+                    Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+                };
+                let _ = reply.send(r);
+            }
             InFlight::Write { len, reply, .. } => {
                 let r = if n == len {
                     Ok(())
@@ -121,6 +147,9 @@ fn reap(st: &mut Ring) {
 fn fail(state: InFlight, e: io::Error) {
     match state {
         InFlight::Read { reply, .. } => {
+            let _ = reply.send(Err(e));
+        }
+        InFlight::ReadPooled { reply, .. } => {
             let _ = reply.send(Err(e));
         }
         InFlight::Write { reply, .. } | InFlight::Other { reply } => {
@@ -207,6 +236,7 @@ impl UringDevice {
                 }),
                 file,
                 reaper: Mutex::new(None),
+                pool: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -296,6 +326,40 @@ impl UringDevice {
             .map_err(self.io("read", start, sectors))
     }
 
+    /// A buffer of at least `len` bytes (plus alignment room for O_DIRECT) and the offset
+    /// where the data goes.
+    fn pooled(&self, len: usize) -> (Vec<u8>, usize) {
+        let room = len + if self.direct { 4096 } else { 0 };
+        let found = {
+            let mut pool = self.shared.pool.lock();
+            let at = pool
+                .iter()
+                .position(|b| b.len() >= room && b.len() <= room * 2);
+            at.map(|i| pool.swap_remove(i))
+        };
+        match found {
+            Some(v) => {
+                let off = if self.direct {
+                    (4096 - v.as_ptr() as usize % 4096) % 4096
+                } else {
+                    0
+                };
+                (v, off)
+            }
+            None => read_buffer(len, self.direct),
+        }
+    }
+
+    /// Returns a `read_into` buffer to the pool (within its bounds).
+    fn give_back(&self, v: Vec<u8>) {
+        if v.len() <= POOL_MAX_BYTES {
+            let mut pool = self.shared.pool.lock();
+            if pool.len() < POOL_BUFFERS {
+                pool.push(v);
+            }
+        }
+    }
+
     async fn simple(
         &self,
         op: &'static str,
@@ -340,6 +404,38 @@ impl BlockDevice for UringDevice {
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
         self.read_bytes(start, sectors).await
+    }
+
+    async fn read_into(&self, start: u64, buf: &mut [u8], _opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(&self.info, buf.len())?;
+        self.info.check(start, sectors)?;
+        let len = buf.len();
+        let n = ring_len(len).map_err(self.io("read", start, sectors))?;
+        // The kernel reads into a buffer the ring owns (never the caller's, which a dropped
+        // future would leave the kernel writing into); the copy is the price of that.
+        let (mut v, off) = self.pooled(len);
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        let e = opcode::Read::new(fd, v[off..].as_mut_ptr(), n)
+            .offset(start * 512)
+            .build();
+        let (reply, rx) = oneshot::channel();
+        self.submit(
+            e,
+            InFlight::ReadPooled {
+                buf: v,
+                off,
+                len,
+                reply,
+            },
+        )
+        .map_err(self.io("read", start, sectors))?;
+        let (v, off) = rx
+            .await
+            .map_err(|_| self.closed())?
+            .map_err(self.io("read", start, sectors))?;
+        buf.copy_from_slice(&v[off..off + len]);
+        self.give_back(v);
+        Ok(())
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {

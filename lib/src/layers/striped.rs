@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 use tagstripe_quirks::{Limits, StripeShape};
 use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
@@ -37,6 +39,10 @@ pub struct Striped {
     geometry: Geometry,
     components: Vec<Arc<dyn BlockDevice>>,
     reads: Mutex<ReadBalancer>,
+    /// Mirror sides that missed a write (stale): never read, no longer written.
+    failed: Vec<AtomicBool>,
+    /// Serialises dropping sides, so concurrent pieces never drop both sides of a pair.
+    dropping: Mutex<()>,
 }
 
 impl Striped {
@@ -86,6 +92,8 @@ impl Striped {
         let policy = geometry.default_mirror_reads();
         Ok(Self {
             reads: Mutex::new(ReadBalancer::new(&geometry, policy)),
+            failed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            dropping: Mutex::new(()),
             info,
             geometry,
             components,
@@ -107,25 +115,96 @@ impl Striped {
         &self.components
     }
 
+    /// The mirror sides that failed a write and were dropped from the mirror (they hold
+    /// stale data): the volume keeps serving from their partners, degraded. Empty when
+    /// healthy (always, without a mirror).
+    pub fn failed_components(&self) -> Vec<usize> {
+        (0..self.failed.len())
+            .filter(|&i| self.is_failed(i))
+            .collect()
+    }
+
+    fn is_failed(&self, i: usize) -> bool {
+        self.failed[i].load(Ordering::Relaxed)
+    }
+
+    /// The side to read a piece from first, and the other side, if any: a failed side is
+    /// never chosen (its data is stale).
+    fn sides(&self, p: &Piece) -> (usize, Option<usize>) {
+        let Some(m) = p.mirror else {
+            return (p.component, None);
+        };
+        let first = self.reads.lock().choose(p).1;
+        let other = if first == m { p.component } else { m };
+        match (self.is_failed(first), self.is_failed(other)) {
+            (false, false) => (first, Some(other)),
+            (true, false) => (other, None),
+            (false, true) => (first, None),
+            // Both failed cannot happen (the last side is never dropped); read what there is.
+            (true, true) => (first, None),
+        }
+    }
+
+    /// Writes (or discards) one piece on every live side. A mirror side that fails while
+    /// its partner succeeds is dropped from the mirror and the piece succeeds, degraded; the
+    /// last live side is never dropped, and its failure fails the piece.
+    async fn on_sides<F, Fut>(&self, p: &Piece, op: F) -> Result<()>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        let targets: Vec<usize> = p
+            .write_targets()
+            .map(|(_, c)| c)
+            .filter(|&c| !self.is_failed(c))
+            .collect();
+        let targets = if targets.is_empty() {
+            p.write_targets().map(|(_, c)| c).collect()
+        } else {
+            targets
+        };
+        let results = futures_util::future::join_all(targets.iter().map(|&c| op(c))).await;
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        let mut first_err = None;
+        for (&c, r) in targets.iter().zip(results) {
+            let Err(e) = r else { continue };
+            let partner = match p.mirror {
+                Some(m) if m == c => Some(p.component),
+                m => m,
+            };
+            // Drop this side only if its partner took the write and is itself still whole:
+            // two concurrent pieces must not drop both sides of the pair.
+            let dropped = ok > 0
+                && !e.is_retryable()
+                && partner.is_some_and(|q| {
+                    let _g = self.dropping.lock();
+                    if self.is_failed(q) {
+                        false
+                    } else {
+                        self.failed[c].store(true, Ordering::Relaxed);
+                        true
+                    }
+                });
+            if !dropped && first_err.is_none() {
+                first_err = Some(component(c, e));
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     fn pieces(&self, start: u64, sectors: u64) -> Result<Vec<Piece>> {
         Ok(self.geometry.map(start, sectors)?.collect())
     }
 
     async fn read_piece(&self, p: Piece, opts: IoOpts) -> Result<Bytes> {
-        let (_, first) = self.reads.lock().choose(&p);
-        let comp = |i: usize| &self.components[i];
-        match comp(first).read(p.cblk, p.count, opts).await {
+        let (first, other) = self.sides(&p);
+        match self.components[first].read(p.cblk, p.count, opts).await {
             Ok(b) => Ok(b),
             Err(e) => {
-                let other = match p.mirror {
-                    Some(m) if m == first => Some(p.component),
-                    Some(m) => Some(m),
-                    None => None,
-                };
                 let Some(other) = other else {
                     return Err(component(first, e));
                 };
-                comp(other)
+                self.components[other]
                     .read(p.cblk, p.count, opts)
                     .await
                     .map_err(|_| component(first, e))
@@ -136,18 +215,12 @@ impl Striped {
 
 impl Striped {
     async fn read_piece_into(&self, p: Piece, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        let first = if p.mirror.is_some() {
-            self.reads.lock().choose(&p).1
-        } else {
-            p.component
-        };
+        let (first, other) = self.sides(&p);
         match self.components[first].read_into(p.cblk, buf, opts).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                let other = match p.mirror {
-                    Some(m) if m == first => p.component,
-                    Some(m) => m,
-                    None => return Err(component(first, e)),
+                let Some(other) = other else {
+                    return Err(component(first, e));
                 };
                 self.components[other]
                     .read_into(p.cblk, buf, opts)
@@ -203,17 +276,12 @@ impl BlockDevice for Striped {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         let pieces = self.pieces(start, sectors)?;
-        let writes = pieces.iter().flat_map(|p| {
+        let writes = pieces.iter().map(|p| {
             let off = ((p.lblk - start) * 512) as usize;
             let part = data.slice(off..off + p.count as usize * 512);
-            p.write_targets().map(move |(_, c)| {
+            self.on_sides(p, move |c| {
                 let part = part.clone();
-                async move {
-                    self.components[c]
-                        .write(p.cblk, part, opts)
-                        .await
-                        .map_err(|e| component(c, e))
-                }
+                async move { self.components[c].write(p.cblk, part, opts).await }
             })
         });
         super::all(writes).await?;
@@ -221,10 +289,12 @@ impl BlockDevice for Striped {
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
+        // A side dropped from the mirror holds nothing the volume still needs.
         let flushes = self
             .components
             .iter()
             .enumerate()
+            .filter(|&(i, _)| !self.is_failed(i))
             .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, e)) });
         super::all(flushes).await?;
         Ok(())
@@ -233,12 +303,9 @@ impl BlockDevice for Striped {
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         let pieces = self.pieces(start, sectors)?;
-        let discards = pieces.iter().flat_map(|p| {
-            p.write_targets().map(move |(_, c)| async move {
-                self.components[c]
-                    .discard(p.cblk, p.count, opts)
-                    .await
-                    .map_err(|e| component(c, e))
+        let discards = pieces.iter().map(|p| {
+            self.on_sides(p, move |c| async move {
+                self.components[c].discard(p.cblk, p.count, opts).await
             })
         });
         super::all(discards).await?;
