@@ -24,7 +24,12 @@ fn small(v: u64, on: bool) -> u64 {
 
 fuzz_target!(|input: Input| {
     let shrink = input.flags & 0x40 != 0;
-    let sizes: Vec<u64> = input.sizes.iter().take(16).map(|&s| small(s, shrink)).collect();
+    let sizes: Vec<u64> = input
+        .sizes
+        .iter()
+        .take(16)
+        .map(|&s| small(s, shrink))
+        .collect();
     let flavor = match input.flavor % 5 {
         0 => Flavor::NetBsd,
         1 => Flavor::NetBsd1997,
@@ -49,7 +54,11 @@ fuzz_target!(|input: Input| {
     let total = g.total_sectors();
     let il = g.interleave();
     for &(start, count) in input.requests.iter().take(8) {
-        let (start, count) = if shrink { (start % (total + 2), count % 8192) } else { (start, count) };
+        let (start, count) = if shrink {
+            (start % (total + 2), count % 8192)
+        } else {
+            (start, count)
+        };
         let _ = g.map_ccd(start, count).1.take(64).count();
         let Ok(pieces) = g.map(start, count) else {
             assert!(start.checked_add(count).is_none_or(|end| end > total));
@@ -61,9 +70,16 @@ fuzz_target!(|input: Input| {
             assert!(p.count > 0);
             let size = g.component_sizes()[p.component];
             let lo = g.reserved_sectors();
-            assert!(p.cblk >= lo && p.cblk - lo + p.count <= size, "piece off its component");
+            assert!(
+                p.cblk >= lo && p.cblk - lo + p.count <= size,
+                "piece off its component"
+            );
             if il > 0 {
-                assert_eq!(p.lblk / il, (p.lblk + p.count - 1) / il, "piece crosses a unit");
+                assert_eq!(
+                    p.lblk / il,
+                    (p.lblk + p.count - 1) / il,
+                    "piece crosses a unit"
+                );
             }
             next += p.count;
         }

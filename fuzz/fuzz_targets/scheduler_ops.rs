@@ -66,8 +66,11 @@ fuzz_target!(|input: Input| {
                     1 => TagKind::HeadOfQueue,
                     _ => TagKind::Simple,
                 };
-                let meta = Meta::new(IoClass::ALL[usize::from(class % 4)], if write { Dir::Write } else { Dir::Read })
-                    .with_kind(kind);
+                let meta = Meta::new(
+                    IoClass::ALL[usize::from(class % 4)],
+                    if write { Dir::Write } else { Dir::Read },
+                )
+                .with_kind(kind);
                 if q.submit(now, submitted, meta).is_ok() {
                     submitted += 1;
                 }

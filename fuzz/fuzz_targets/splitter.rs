@@ -28,7 +28,9 @@ struct Input {
 
 fuzz_target!(|i: Input| {
     let mut l = Limits::default();
-    l.logical_block_size = 512u32.checked_shl(u32::from(i.lbs_shift % 8)).unwrap_or(512);
+    l.logical_block_size = 512u32
+        .checked_shl(u32::from(i.lbs_shift % 8))
+        .unwrap_or(512);
     l.physical_block_size = 512u32.checked_shl(u32::from(i.pbs_shift % 10)).unwrap_or(0);
     l.max_hw_sectors = i.max_hw % 70_000;
     l.max_user_sectors = i.max_user % 70_000;
@@ -50,7 +52,9 @@ fuzz_target!(|i: Input| {
         2 => Op::Discard,
         _ => Op::WriteZeroes,
     };
-    let Ok(s) = Splitter::new(&l, mode) else { return };
+    let Ok(s) = Splitter::new(&l, mode) else {
+        return;
+    };
     let lim = s.limits().clone();
     let lbs = u64::from(lim.logical_block_size / 512);
     let check = |pieces: &mut dyn Iterator<Item = (u64, u64)>, start: u64, total: u64| {
@@ -80,11 +84,18 @@ fuzz_target!(|i: Input| {
             let segs: Vec<Segment> = list
                 .iter()
                 .take(64)
-                .map(|&(addr, len)| Segment { addr, len: u32::from(len) * 512 })
+                .map(|&(addr, len)| Segment {
+                    addr,
+                    len: u32::from(len) * 512,
+                })
                 .collect();
             if let Ok(pieces) = s.split_sg(op, i.start, &segs) {
                 let total: u64 = segs.iter().map(|s| u64::from(s.len) / 512).sum();
-                check(&mut pieces.map_while(Result::ok).map(|p| (p.start, p.sectors)), i.start, total);
+                check(
+                    &mut pieces.map_while(Result::ok).map(|p| (p.start, p.sectors)),
+                    i.start,
+                    total,
+                );
             }
         }
     }
