@@ -26,6 +26,9 @@ enum BenchCommand {
     Fairness(FairnessArgs),
     /// Throughput and latency of one workload on a striped volume.
     Throughput(crate::story::ThroughputArgs),
+    /// A mixed load on every volume kind with faults injected; every acknowledged byte is
+    /// checked (bytes lost must be 0).
+    Soak(crate::soak::SoakArgs),
 }
 
 /// Arguments of `tagstripe bench fairness`.
@@ -57,6 +60,7 @@ pub(crate) fn run(args: &BenchArgs) -> ExitCode {
         None => crate::story::run(&args.run),
         Some(BenchCommand::Fairness(f)) => fairness(f),
         Some(BenchCommand::Throughput(t)) => crate::story::throughput(t),
+        Some(BenchCommand::Soak(s)) => crate::soak::run(s),
     }
 }
 

@@ -189,3 +189,39 @@ fn quick_story_prints_sweep_and_summary_as_json_and_cleans_up() {
         assert!(!std::path::Path::new(p).exists(), "{p} left behind");
     }
 }
+
+#[test]
+fn a_short_soak_loses_nothing_and_serves_degraded() {
+    let (code, out, err) = tagstripe(&[
+        "bench",
+        "soak",
+        "--minutes",
+        "0.05",
+        "--fault-rate",
+        "0.02",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(j["bytes_lost"], 0);
+    assert!(j["bytes_verified"].as_u64().unwrap() > 0);
+    assert!(
+        j["faults"].as_u64().unwrap() > 0,
+        "no fault was injected: {j}"
+    );
+    let vols = j["volumes"].as_array().unwrap();
+    let names: Vec<&str> = vols.iter().map(|v| v["volume"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["concat", "stripes", "uniform", "mirror", "nbd-mirror"]
+    );
+    // The NBD mirror lost a connection halfway and kept serving from the other side.
+    let nbd = &vols[4];
+    assert_eq!(nbd["dropped_connections"], 1);
+    assert_eq!(nbd["degraded"], serde_json::json!([0]));
+    assert_eq!(nbd["sectors_unavailable"], 0);
+    let (code, _, _) = tagstripe(&["bench", "soak", "--minutes", "0"]);
+    assert_eq!(code, 2);
+    let (code, _, _) = tagstripe(&["bench", "soak", "--fault-rate", "2"]);
+    assert_eq!(code, 2);
+}

@@ -1,0 +1,346 @@
+//! `tagstripe bench soak`: a mixed load on every volume kind with faults injected at a set
+//! rate, every acknowledged byte checked against a model. Prints operations, faults
+//! injected, bytes verified and bytes lost (which must be 0).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use serde_json::json;
+use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig};
+use tagstripe::quirks::QuirkSet;
+use tagstripe::scheduler::IoClass;
+use tagstripe::striping::Flavor;
+use tagstripe::{BlockDevice, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
+
+/// Arguments of `tagstripe bench soak`.
+#[derive(Debug, Args)]
+pub(crate) struct SoakArgs {
+    /// How long to run, in minutes.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_minutes)]
+    minutes: f64,
+    /// Probability that a request to a component fails (EIO, QUEUE FULL, BUSY or a torn
+    /// write, in turn).
+    #[arg(long, default_value_t = 0.01, value_parser = parse_rate)]
+    fault_rate: f64,
+    /// Seed of the operations and faults.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_minutes(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 10080.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: minutes must be more than 0 and at most 10080"
+        )),
+    }
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=0.5).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: a fault rate is between 0 and 0.5")),
+    }
+}
+
+/// What one worker saw.
+#[derive(Debug, Default, Clone)]
+struct Tally {
+    ops: u64,
+    failed_ops: u64,
+    faults: u64,
+    verified: u64,
+    lost: u64,
+    /// Sectors unreadable at the end because their component failed for good (reported
+    /// by the read's error, not lost silently).
+    unavailable: u64,
+    degraded: Vec<usize>,
+    dropped_connections: u64,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+type Faulty = Arc<FaultDevice<Arc<dyn BlockDevice>>>;
+
+/// One volume under test: its kind's name, the volume, the fault wrappers of its
+/// components, and for the NBD mirror the connection to drop.
+struct Rig {
+    name: &'static str,
+    vol: Volume,
+    faults: Vec<Faulty>,
+    drop_conn: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn mem_faulty(n: usize, sectors: u64) -> Vec<Faulty> {
+    (0..n)
+        .map(|i| {
+            let m: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(&format!("m{i}"), sectors));
+            Arc::new(FaultDevice::new(m))
+        })
+        .collect()
+}
+
+fn build(
+    faults: &[Faulty],
+    interleave: u64,
+    flavor: Flavor,
+    mirror: bool,
+    uniform: bool,
+) -> Volume {
+    let comps = faults
+        .iter()
+        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .collect();
+    build_over(comps, interleave, flavor, mirror, uniform)
+}
+
+fn build_over(
+    comps: Vec<Arc<dyn BlockDevice>>,
+    interleave: u64,
+    flavor: Flavor,
+    mirror: bool,
+    uniform: bool,
+) -> Volume {
+    Volume::builder(comps)
+        .interleave(interleave)
+        .flavor(flavor)
+        .mirror(mirror)
+        .uniform(uniform)
+        .quirks(QuirkSet::empty())
+        .build()
+        .expect("the soak's geometries are valid")
+}
+
+/// A mirror over two NBD exports served in this process; one connection can be dropped.
+async fn nbd_mirror() -> Result<Rig, String> {
+    let faults = mem_faulty(2, 8192);
+    let mut clients: Vec<Arc<dyn BlockDevice>> = Vec::new();
+    let mut handles = Vec::new();
+    for f in &faults {
+        let server = Arc::new(
+            NbdServer::new(ServerConfig::default())
+                .export("c", Arc::clone(f) as Arc<dyn BlockDevice>),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        // One connection, served on a task that can be aborted: the dropped connection.
+        handles.push(tokio::spawn(async move {
+            if let Ok((s, _)) = l.accept().await {
+                let _ = server.serve_connection(s, IoClass::BestEffort).await;
+            }
+        }));
+        let d = NbdDevice::connect(&format!("nbd://{addr}/c"))
+            .await
+            .map_err(|e| e.to_string())?;
+        clients.push(Arc::new(d));
+    }
+    // Faults are injected on the server side (the memory devices), so each one reaches
+    // the volume as an NBD error reply.
+    let vol = build_over(clients, 16, Flavor::FreeBsd, true, false);
+    // Side 0 takes the faults and later loses its connection for good; side 1 stays
+    // healthy, so the mirror keeps serving, degraded.
+    let side0 = faults.into_iter().take(1).collect();
+    Ok(Rig {
+        name: "nbd-mirror",
+        vol,
+        faults: side0,
+        drop_conn: Some(handles.swap_remove(0)),
+    })
+}
+
+async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Tally) {
+    let mut t = Tally::default();
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let total = rig.vol.info().sectors;
+    let mut data = vec![0u8; total as usize * 512];
+    let mut unknown = vec![false; total as usize];
+    let kinds = [
+        FaultKind::Error,
+        FaultKind::QueueFull,
+        FaultKind::Busy,
+        FaultKind::TornWrite,
+    ];
+    let mut round = 0usize;
+    let started = Instant::now();
+    // The operation after a dropped connection is a write, which finds it gone.
+    let mut force_write = false;
+    while Instant::now() < until {
+        // Every 500 operations: the next kind of fault, and now and then a latency spike.
+        if t.ops % 500 == 0 {
+            let kind = kinds[round % kinds.len()];
+            for (i, f) in rig.faults.iter().enumerate() {
+                f.random(rate, kind, seed ^ (round as u64 * 31 + i as u64));
+                f.set_latency(if round % 5 == 4 {
+                    Duration::from_millis(2)
+                } else {
+                    Duration::ZERO
+                });
+            }
+            round += 1;
+        }
+        // Halfway through, the NBD mirror loses a connection for good.
+        if let Some(h) = rig.drop_conn.as_ref()
+            && started.elapsed() > (until - started) / 2
+        {
+            h.abort();
+            rig.drop_conn = None;
+            t.dropped_connections += 1;
+            force_write = true;
+        }
+        t.ops += 1;
+        let s = rng.next() % total;
+        let n = (rng.next() % 256 + 1).min(total - s);
+        let range = s as usize..(s + n) as usize;
+        let pick = if std::mem::take(&mut force_write) {
+            0
+        } else {
+            rng.next() % 10
+        };
+        match pick {
+            0..=3 => {
+                let seed = rng.next() as u8;
+                let bytes: Vec<u8> = (0..n * 512)
+                    .map(|i| (i as u8).wrapping_mul(seed | 1) ^ (s as u8))
+                    .collect();
+                if rig
+                    .vol
+                    .write(s, Bytes::from(bytes.clone()), IoOpts::new())
+                    .await
+                    .is_ok()
+                {
+                    data[range.start * 512..range.end * 512].copy_from_slice(&bytes);
+                    unknown[range].fill(false);
+                } else {
+                    t.failed_ops += 1;
+                    unknown[range].fill(true);
+                }
+            }
+            4..=7 => match rig.vol.read(s, n, IoOpts::new()).await {
+                Ok(got) => check(&got, s, &data, &unknown, &mut t),
+                Err(_) => t.failed_ops += 1,
+            },
+            8 => {
+                if rig.vol.discard(s, n, IoOpts::new()).await.is_ok() {
+                    data[range.start * 512..range.end * 512].fill(0);
+                    unknown[range].fill(false);
+                } else {
+                    t.failed_ops += 1;
+                    unknown[range].fill(true);
+                }
+            }
+            _ => {
+                if rig.vol.flush(IoOpts::new()).await.is_err() {
+                    t.failed_ops += 1;
+                }
+            }
+        }
+    }
+    // Faults off: everything acknowledged must read back, except what sits on a component
+    // that failed for good, which must say so.
+    for f in &rig.faults {
+        t.faults += f.injected();
+        f.clear();
+    }
+    for s in (0..total).step_by(256) {
+        let n = 256.min(total - s);
+        match rig.vol.read(s, n, IoOpts::new()).await {
+            Ok(got) => check(&got, s, &data, &unknown, &mut t),
+            Err(_) => t.unavailable += n,
+        }
+    }
+    t.degraded = rig.vol.degraded();
+    (rig.name.to_owned(), t)
+}
+
+fn check(got: &[u8], s: u64, data: &[u8], unknown: &[bool], t: &mut Tally) {
+    for (k, sec) in (s as usize..s as usize + got.len() / 512).enumerate() {
+        if unknown[sec] {
+            continue;
+        }
+        if got[k * 512..(k + 1) * 512] == data[sec * 512..(sec + 1) * 512] {
+            t.verified += 512;
+        } else {
+            t.lost += 512;
+        }
+    }
+}
+
+pub(crate) fn run(a: &SoakArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return crate::fail("bench soak", "runtime", &e.to_string(), a.json),
+    };
+    rt.block_on(async {
+        let until = Instant::now() + Duration::from_secs_f64(a.minutes * 60.0);
+        let mut rigs = Vec::new();
+        let f = mem_faulty(3, 4096);
+        rigs.push(Rig { name: "concat", vol: build(&f, 0, Flavor::NetBsd, false, false), faults: f, drop_conn: None });
+        let f = mem_faulty(3, 4096);
+        rigs.push(Rig { name: "stripes", vol: build(&f, 16, Flavor::NetBsd, false, false), faults: f, drop_conn: None });
+        let f: Vec<Faulty> = [3000u64, 4096, 3500]
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                let m: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(&format!("u{i}"), s));
+                Arc::new(FaultDevice::new(m))
+            })
+            .collect();
+        rigs.push(Rig { name: "uniform", vol: build(&f, 32, Flavor::NetBsd, false, true), faults: f, drop_conn: None });
+        let f = mem_faulty(2, 8192);
+        rigs.push(Rig { name: "mirror", vol: build(&f, 16, Flavor::FreeBsd, true, false), faults: f, drop_conn: None });
+        match nbd_mirror().await {
+            Ok(r) => rigs.push(r),
+            Err(e) => return crate::fail("bench soak", "nbd", &e, a.json),
+        }
+        let tasks: Vec<_> = rigs
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| tokio::spawn(work(r, until, a.fault_rate, a.seed.wrapping_add(i as u64))))
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            match t.await {
+                Ok(r) => results.push(r),
+                Err(e) => return crate::fail("bench soak", "worker", &e.to_string(), a.json),
+            }
+        }
+        let sum = |f: fn(&Tally) -> u64| results.iter().map(|(_, t)| f(t)).sum::<u64>();
+        let (ops, faults, verified, lost) = (sum(|t| t.ops), sum(|t| t.faults), sum(|t| t.verified), sum(|t| t.lost));
+        if a.json {
+            let per: Vec<_> = results
+                .iter()
+                .map(|(n, t)| json!({"volume": n, "ops": t.ops, "failed_ops": t.failed_ops, "faults": t.faults, "bytes_verified": t.verified, "bytes_lost": t.lost, "sectors_unavailable": t.unavailable, "degraded": t.degraded, "dropped_connections": t.dropped_connections}))
+                .collect();
+            outln!("{}", json!({"minutes": a.minutes, "fault_rate": a.fault_rate, "seed": a.seed, "ops": ops, "faults": faults, "bytes_verified": verified, "bytes_lost": lost, "volumes": per}));
+        } else {
+            outln!("soak: {:.2} min, fault rate {}, seed {}", a.minutes, a.fault_rate, a.seed);
+            outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9}", "volume", "ops", "failed", "faults", "bytes verified", "bytes lost", "unavailable", "degraded");
+            for (n, t) in &results {
+                outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9}", n, t.ops, t.failed_ops, t.faults, t.verified, t.lost, t.unavailable, format!("{:?}", t.degraded));
+            }
+            outln!("total: {ops} operations, {faults} faults injected, {verified} bytes verified, {lost} bytes lost");
+        }
+        if lost == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    })
+}
