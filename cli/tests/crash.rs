@@ -127,8 +127,7 @@ fn acknowledged_and_flushed_writes_survive_sigkill() {
                 let _ = t.await;
             }
             next_block = issued.load(Ordering::Relaxed) + 8;
-            let d = durable.lock().unwrap().clone();
-            d
+            durable.lock().unwrap().clone()
         });
         assert!(
             !durable.is_empty(),
