@@ -310,9 +310,11 @@ fn sysfs_dir(meta: &std::fs::Metadata) -> std::path::PathBuf {
     }
 }
 
+/// A sysfs identity string, trimmed; bytes that are not UTF-8 (firmware strings can hold
+/// anything) become U+FFFD rather than losing the whole string.
 fn read_trim(p: &Path) -> String {
-    std::fs::read_to_string(p)
-        .map(|s| s.trim().to_owned())
+    std::fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
         .unwrap_or_default()
 }
 
@@ -400,4 +402,16 @@ fn punch_hole(f: &File, offset: u64, len: u64) -> io::Result<()> {
         done += n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn identity_strings_that_are_not_utf8_are_kept_lossily() {
+        let p = std::env::temp_dir().join(format!("tagstripe-ident-{}", std::process::id()));
+        std::fs::write(&p, b"ST380023AS\xff\xfe  \n").unwrap();
+        assert_eq!(super::read_trim(&p), "ST380023AS\u{fffd}\u{fffd}");
+        std::fs::remove_file(&p).unwrap();
+        assert_eq!(super::read_trim(&p), "");
+    }
 }
