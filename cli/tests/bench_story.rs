@@ -220,6 +220,7 @@ fn a_short_soak_loses_nothing_and_serves_degraded() {
     assert_eq!(nbd["dropped_connections"], 1);
     assert_eq!(nbd["degraded"], serde_json::json!([0]));
     assert_eq!(nbd["sectors_unavailable"], 0);
+    assert!(vols.iter().all(|v| v["sectors_unnamed_errors"] == 0), "{j}");
     let (code, _, _) = tagstripe(&["bench", "soak", "--minutes", "0"]);
     assert_eq!(code, 2);
     let (code, _, _) = tagstripe(&["bench", "soak", "--fault-rate", "2"]);
