@@ -700,7 +700,8 @@ async fn rewrite(dev: &Arc<dyn BlockDevice>, total: u64, limit: Duration) -> Out
     out
 }
 
-fn human(b: u64) -> String {
+/// A size as the sweep prints it: 512, 4k, 1M.
+pub(crate) fn human(b: u64) -> String {
     if b >= 1 << 20 {
         format!("{}M", b >> 20)
     } else if b >= 1024 {

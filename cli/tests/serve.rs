@@ -9,24 +9,9 @@ use std::process::{Child, Command, Stdio};
 
 use tagstripe_striping::Geometry;
 
-fn have(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("skipping: {tool} is not installed (Debian: qemu-utils)");
-    }
-    ok
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tagstripe-serve-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+#[path = "../../lib/tests/common/peers.rs"]
+mod peers;
+use peers::{Peer, have, qemu_nbd, scratch};
 
 /// A running `tagstripe serve`; killed on drop unless stopped.
 struct Serve {
@@ -229,51 +214,6 @@ fn qemu_io_and_qemu_img_against_serve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// qemu-nbd serving `file` as export `name` on a free port; killed on drop.
-struct QemuNbd {
-    pid_file: PathBuf,
-    port: u16,
-}
-
-impl QemuNbd {
-    fn start(dir: &Path, file: &Path, name: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let pid_file = dir.join(format!("{name}.pid"));
-        let st = Command::new("qemu-nbd")
-            .args([
-                "-f",
-                "raw",
-                "-b",
-                "127.0.0.1",
-                "-x",
-                name,
-                "--persistent",
-                "--fork",
-            ])
-            .arg("-p")
-            .arg(port.to_string())
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(file)
-            .status()
-            .unwrap();
-        assert!(st.success(), "qemu-nbd");
-        Self { pid_file, port }
-    }
-}
-
-impl Drop for QemuNbd {
-    fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
-            let _ = Command::new("kill").arg(pid.trim()).status();
-        }
-    }
-}
-
 #[test]
 fn volume_striped_over_three_qemu_nbd_exports() {
     if !have("qemu-io") || !have("qemu-nbd") {
@@ -282,10 +222,10 @@ fn volume_striped_over_three_qemu_nbd_exports() {
     let dir = scratch("remote");
     let sizes = [3u64, 4, 5];
     let files = make_files(&dir, &sizes);
-    let peers: Vec<QemuNbd> = files
+    let peers: Vec<Peer> = files
         .iter()
         .enumerate()
-        .map(|(i, f)| QemuNbd::start(&dir, f, &format!("c{i}")))
+        .map(|(i, f)| qemu_nbd(&dir, f, &format!("c{i}")))
         .collect();
     let urls: Vec<String> = peers
         .iter()

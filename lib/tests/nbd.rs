@@ -2,8 +2,6 @@
 //! nbdkit with its error and delay filters), and against hostile clients speaking raw bytes.
 //! Tests that need a tool print why they skip when it is missing; CI installs them.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +11,10 @@ use tagstripe::quirks::QuirkSet;
 use tagstripe::{BlockDevice, Error, IoOpts, MemDevice, Volume};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "common/peers.rs"]
+mod peers;
+use peers::{Peer, have, nbdkit, qemu_nbd, scratch};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -149,93 +151,6 @@ async fn server_errors_reach_the_client_typed() {
 
 // ---------------------------------------------------------------------------------------
 // Real peers.
-
-fn have(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("skipping: {tool} is not installed (Debian: qemu-utils / nbdkit)");
-    }
-    ok
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A server process (qemu-nbd or nbdkit) started in the background with a pid file;
-/// killed on drop.
-struct Peer {
-    pid_file: PathBuf,
-    port: u16,
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
-            let _ = Command::new("kill").arg(pid.trim()).status();
-        }
-        let _ = std::fs::remove_file(&self.pid_file);
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tagstripe-nbd-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// qemu-nbd serving `file` raw as export `name`; returns when it accepts connections.
-fn qemu_nbd(dir: &Path, file: &Path, name: &str) -> Peer {
-    let port = free_port();
-    let pid_file = dir.join(format!("qemu-nbd-{port}.pid"));
-    let st = Command::new("qemu-nbd")
-        .args([
-            "-f",
-            "raw",
-            "-b",
-            "127.0.0.1",
-            "-x",
-            name,
-            "--persistent",
-            "--fork",
-            "-e",
-            "8",
-        ])
-        .arg("-p")
-        .arg(port.to_string())
-        .arg("--pid-file")
-        .arg(&pid_file)
-        .arg(file)
-        .status()
-        .unwrap();
-    assert!(st.success(), "qemu-nbd failed to start");
-    Peer { pid_file, port }
-}
-
-/// nbdkit with `args` (plugin, filters, parameters); returns when it accepts connections.
-fn nbdkit(dir: &Path, args: &[&str]) -> Peer {
-    let port = free_port();
-    let pid_file = dir.join(format!("nbdkit-{port}.pid"));
-    let st = Command::new("nbdkit")
-        .args(["-i", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .arg("-P")
-        .arg(&pid_file)
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(st.success(), "nbdkit failed to start");
-    Peer { pid_file, port }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_against_qemu_nbd() {

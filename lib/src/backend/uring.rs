@@ -23,14 +23,8 @@ use crate::{BlockDevice, DeviceInfo, Error, FileDevice, FileOptions, IoOpts, Res
 
 /// A request in the ring: its buffer lives here until its completion is reaped.
 enum InFlight {
+    /// A read: the buffer is handed back whole, with where the data starts in it.
     Read {
-        buf: Vec<u8>,
-        off: usize,
-        len: usize,
-        reply: oneshot::Sender<io::Result<Bytes>>,
-    },
-    /// A read into a pooled buffer, handed back whole for `read_into` to copy from.
-    ReadPooled {
         buf: Vec<u8>,
         off: usize,
         len: usize,
@@ -110,19 +104,6 @@ fn reap(st: &mut Ring) {
                 reply,
             } => {
                 let r = if n == len {
-                    Ok(Bytes::from(buf).slice(off..off + len))
-                } else {
-                    Err(io::Error::from(io::ErrorKind::UnexpectedEof))
-                };
-                let _ = reply.send(r);
-            }
-            InFlight::ReadPooled {
-                buf,
-                off,
-                len,
-                reply,
-            } => {
-                let r = if n == len {
                     Ok((buf, off))
                 } else {
                     Err(io::Error::from(io::ErrorKind::UnexpectedEof))
@@ -147,9 +128,6 @@ fn reap(st: &mut Ring) {
 fn fail(state: InFlight, e: io::Error) {
     match state {
         InFlight::Read { reply, .. } => {
-            let _ = reply.send(Err(e));
-        }
-        InFlight::ReadPooled { reply, .. } => {
             let _ = reply.send(Err(e));
         }
         InFlight::Write { reply, .. } | InFlight::Other { reply } => {
@@ -302,10 +280,13 @@ impl UringDevice {
         Ok(())
     }
 
-    async fn read_bytes(&self, start: u64, sectors: u64) -> Result<Bytes> {
+    /// Reads into a pooled buffer; returns it with where the data starts.
+    async fn read_raw(&self, start: u64, sectors: u64) -> Result<(Vec<u8>, usize)> {
         let len = sectors as usize * 512;
         let n = ring_len(len).map_err(self.io("read", start, sectors))?;
-        let (mut buf, off) = read_buffer(len, self.direct);
+        // The kernel reads into a buffer the ring owns (never the caller's, which a dropped
+        // future would leave the kernel writing into).
+        let (mut buf, off) = self.pooled(len);
         let fd = types::Fd(self.shared.file.as_raw_fd());
         let e = opcode::Read::new(fd, buf[off..].as_mut_ptr(), n)
             .offset(start * 512)
@@ -403,36 +384,17 @@ impl BlockDevice for UringDevice {
 
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        self.read_bytes(start, sectors).await
+        let (buf, off) = self.read_raw(start, sectors).await?;
+        let len = sectors as usize * 512;
+        Ok(Bytes::from(buf).slice(off..off + len))
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], _opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
         let len = buf.len();
-        let n = ring_len(len).map_err(self.io("read", start, sectors))?;
-        // The kernel reads into a buffer the ring owns (never the caller's, which a dropped
-        // future would leave the kernel writing into); the copy is the price of that.
-        let (mut v, off) = self.pooled(len);
-        let fd = types::Fd(self.shared.file.as_raw_fd());
-        let e = opcode::Read::new(fd, v[off..].as_mut_ptr(), n)
-            .offset(start * 512)
-            .build();
-        let (reply, rx) = oneshot::channel();
-        self.submit(
-            e,
-            InFlight::ReadPooled {
-                buf: v,
-                off,
-                len,
-                reply,
-            },
-        )
-        .map_err(self.io("read", start, sectors))?;
-        let (v, off) = rx
-            .await
-            .map_err(|_| self.closed())?
-            .map_err(self.io("read", start, sectors))?;
+        // The copy is the price of never letting the kernel write into the caller's buffer.
+        let (v, off) = self.read_raw(start, sectors).await?;
         buf.copy_from_slice(&v[off..off + len]);
         self.give_back(v);
         Ok(())
