@@ -6,6 +6,7 @@ use std::sync::Arc;
 use clap::Args;
 use tagstripe::nbd::{NbdServer, ServerConfig};
 use tagstripe::quirks::QuirkSet;
+use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, IoOpts, Volume};
 
@@ -36,6 +37,10 @@ pub(crate) struct ServeArgs {
     /// Open files and block devices with O_DIRECT.
     #[arg(long)]
     direct: bool,
+    /// I/O class of the clients' requests in the volume's tagged queues: interactive,
+    /// best-effort, bulk or idle.
+    #[arg(long, default_value = "best-effort", value_parser = parse_class)]
+    class: IoClass,
     /// Largest request a client may send, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_request: u32,
@@ -43,6 +48,18 @@ pub(crate) struct ServeArgs {
     /// device is exported directly.
     #[arg(required = true)]
     components: Vec<String>,
+}
+
+fn parse_class(s: &str) -> Result<IoClass, String> {
+    [
+        IoClass::Interactive,
+        IoClass::BestEffort,
+        IoClass::Bulk,
+        IoClass::Idle,
+    ]
+    .into_iter()
+    .find(|c| c.name() == s)
+    .ok_or_else(|| format!("{s:?}: expected interactive, best-effort, bulk or idle"))
 }
 
 pub(crate) fn run(args: &ServeArgs) -> ExitCode {
@@ -93,6 +110,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
     }
     let config = ServerConfig {
         max_request: args.max_request,
+        class: args.class,
         ..ServerConfig::default()
     };
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {

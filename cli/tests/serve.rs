@@ -232,7 +232,7 @@ fn volume_striped_over_three_qemu_nbd_exports() {
         .enumerate()
         .map(|(i, p)| format!("nbd://127.0.0.1:{}/c{i}", p.port))
         .collect();
-    let mut args = vec!["--interleave", "32"];
+    let mut args = vec!["--interleave", "32", "--class", "bulk"];
     args.extend(urls.iter().map(String::as_str));
     let serve = Serve::start(&args);
     let g = Geometry::builder(sizes.map(|m| m * 2048), 32)
