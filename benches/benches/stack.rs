@@ -58,7 +58,9 @@ async fn volume_reads(vol: &Volume, next: &mut u64, buf: &mut [u8]) {
     let total = vol.info().sectors;
     for _ in 0..16 {
         *next = (*next + 2048) % total;
-        vol.read_into(*next, buf, IoOpts::new()).await.expect("in range");
+        vol.read_into(*next, buf, IoOpts::new())
+            .await
+            .expect("in range");
     }
     black_box(&*buf);
 }
@@ -66,7 +68,11 @@ async fn volume_reads(vol: &Volume, next: &mut u64, buf: &mut [u8]) {
 /// The 1 MiB ratio measured pairwise: each round times 16 MiB from the devices directly, then
 /// 16 MiB through the volume, back to back, so that drift hits both alike.
 fn paired(rt: &tokio::runtime::Runtime, vol: &Volume, devs: &[Arc<MemDevice>], buf: &mut [u8]) {
-    let rounds = if std::env::args().any(|a| a == "--test") { 3 } else { 300 };
+    let rounds = if std::env::args().any(|a| a == "--test") {
+        3
+    } else {
+        300
+    };
     // The two walk disjoint halves of the devices, so that neither warms the other's cache
     // (the L3 here is large enough to hold a good part of the volume).
     let (mut at, mut next) = (0u64, vol.info().sectors / 2);
