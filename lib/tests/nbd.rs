@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 #[path = "common/peers.rs"]
 mod peers;
-use peers::{Peer, have, nbdkit, qemu_nbd, scratch};
+use peers::{Peer, have, nbdkit, qemu_nbd, qemu_nbd_on, scratch};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -603,6 +603,64 @@ async fn fault_campaign_through_nbdkit_error_filter() {
             // EIO on writes drops sides; the mirror keeps serving from what is left.
             assert!(vol.degraded().len() <= 1, "{kind}: {:?}", vol.degraded());
         }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The client reconnects after its server went away and came back on the same port with the
+/// same export; a mirror over such a component would have dropped it, a plain component
+/// carries on. Requests while the server is down fail typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reconnects_when_the_server_comes_back() {
+    if !have("qemu-nbd") {
+        return;
+    }
+    let dir = scratch("reconnect");
+    let img = dir.join("disk.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let peer = qemu_nbd(&dir, &img, "disk");
+    let port = peer.port;
+    let d = NbdDevice::connect(&format!("nbd://127.0.0.1:{port}/disk"))
+        .await
+        .unwrap();
+    d.write(8, Bytes::from(pattern(3, 4096)), IoOpts::new())
+        .await
+        .unwrap();
+    d.flush(IoOpts::new()).await.unwrap();
+    peer.stop();
+    // Down: the request fails with a typed error (the lost connection, or no server).
+    match d.read(8, 8, IoOpts::new()).await {
+        Err(Error::Closed { .. } | Error::Connect { .. } | Error::Io { .. }) => {}
+        other => panic!("expected a typed failure with the server down, got {other:?}"),
+    }
+    // Back on the same port: the next request connects again and sees the data.
+    let back = qemu_nbd_on(&dir, &img, "disk", port);
+    assert_eq!(d.read(8, 8, IoOpts::new()).await.unwrap(), pattern(3, 4096));
+    d.write(16, Bytes::from(pattern(4, 4096)), IoOpts::new())
+        .await
+        .unwrap();
+    d.flush(IoOpts::new()).await.unwrap();
+    assert_eq!(
+        std::fs::read(&img).unwrap()[16 * 512..24 * 512],
+        pattern(4, 4096)[..]
+    );
+    // With reconnecting off, a lost connection stays lost.
+    let d2 = NbdDevice::connect_with(
+        &format!("nbd://127.0.0.1:{port}/disk"),
+        ClientConfig {
+            reconnect: false,
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    back.stop();
+    let _again = qemu_nbd_on(&dir, &img, "disk", port);
+    for _ in 0..2 {
+        assert!(
+            d2.read(0, 8, IoOpts::new()).await.is_err(),
+            "a lost connection came back with reconnecting off"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,6 +24,10 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Time a request may take before it fails with [`Error::Timeout`] (default 60 s).
     pub request_timeout: Duration,
+    /// After the connection is lost, the next request connects again (default on). Requests
+    /// in flight when it was lost fail (whether a write among them landed is unknown); the
+    /// export must come back with the same size and flags.
+    pub reconnect: bool,
 }
 
 impl Default for ClientConfig {
@@ -31,6 +35,7 @@ impl Default for ClientConfig {
         Self {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
+            reconnect: true,
         }
     }
 }
@@ -134,11 +139,76 @@ struct Shared {
 #[derive(Debug)]
 pub struct NbdDevice {
     info: DeviceInfo,
-    shared: Arc<Shared>,
+    url: NbdUrl,
+    /// The current connection; replaced when it is lost and `config.reconnect` is on.
+    conn: Mutex<Arc<Conn>>,
+    /// One reconnection at a time.
+    reconnecting: tokio::sync::Mutex<()>,
     flags: u16,
     max_bytes: u64,
     config: ClientConfig,
+}
+
+/// One connection: its shared state and the task reading its replies.
+#[derive(Debug)]
+struct Conn {
+    shared: Arc<Shared>,
     reader: JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+        // Say goodbye if a runtime is there to do it; the server copes either way.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let shared = Arc::clone(&self.shared);
+            rt.spawn(async move {
+                let req = Request {
+                    flags: 0,
+                    command: Command::Disc,
+                    handle: 0,
+                    offset: 0,
+                    length: 0,
+                };
+                let mut w = shared.writer.lock().await;
+                let _ = w.write_all(&req.encode()).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    }
+}
+
+/// Connects and negotiates: a live connection and what the server said of the export.
+async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInfo)> {
+    let name = u.to_string();
+    let fut = async {
+        let stream = TcpStream::connect(&u.addr)
+            .await
+            .map_err(|source| Error::Connect {
+                addr: u.addr.clone(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        let (r, w) = stream.into_split();
+        let mut r = BufReader::with_capacity(256 << 10, r);
+        let mut w = w;
+        let info = negotiate(&name, &u.export, &mut r, &mut w).await?;
+        Ok::<_, Error>((r, w, info))
+    };
+    let (r, w, ei) = tokio::time::timeout(config.connect_timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout {
+            device: name.clone(),
+            op: "connect",
+        })??;
+    let shared = Arc::new(Shared {
+        name,
+        writer: tokio::sync::Mutex::new(w),
+        state: Mutex::new(State::default()),
+        next: AtomicU64::new(1),
+    });
+    let reader = tokio::spawn(read_replies(Arc::clone(&shared), r));
+    Ok((Conn { shared, reader }, ei))
 }
 
 impl std::fmt::Debug for Shared {
@@ -163,28 +233,8 @@ impl NbdDevice {
     /// As [`NbdDevice::connect`].
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Self> {
         let u = NbdUrl::parse(url)?;
-        let name = u.to_string();
-        let fut = async {
-            let stream = TcpStream::connect(&u.addr)
-                .await
-                .map_err(|source| Error::Connect {
-                    addr: u.addr.clone(),
-                    source,
-                })?;
-            let _ = stream.set_nodelay(true);
-            let (r, w) = stream.into_split();
-            let mut r = BufReader::with_capacity(256 << 10, r);
-            let mut w = w;
-            let info = negotiate(&name, &u.export, &mut r, &mut w).await?;
-            Ok::<_, Error>((r, w, info))
-        };
-        let (r, w, ei) = tokio::time::timeout(config.connect_timeout, fut)
-            .await
-            .map_err(|_| Error::Timeout {
-                device: name.clone(),
-                op: "connect",
-            })??;
-        let mut info = DeviceInfo::new(name.clone(), ei.size / 512);
+        let (conn, ei) = open_conn(&u, &config).await?;
+        let mut info = DeviceInfo::new(u.to_string(), ei.size / 512);
         info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
         info.discard = ei.flags & proto::TF_SEND_TRIM != 0;
         let mut max_bytes = 32 << 20;
@@ -196,21 +246,52 @@ impl NbdDevice {
         max_bytes = max_bytes / u64::from(info.limits.logical_block_size)
             * u64::from(info.limits.logical_block_size);
         info.limits.max_hw_sectors = u32::try_from(max_bytes / 512).unwrap_or(u32::MAX);
-        let shared = Arc::new(Shared {
-            name,
-            writer: tokio::sync::Mutex::new(w),
-            state: Mutex::new(State::default()),
-            next: AtomicU64::new(1),
-        });
-        let reader = tokio::spawn(read_replies(Arc::clone(&shared), r));
         Ok(Self {
             info,
-            shared,
+            url: u,
+            conn: Mutex::new(Arc::new(conn)),
+            reconnecting: tokio::sync::Mutex::new(()),
             flags: ei.flags,
             max_bytes,
             config,
-            reader,
         })
+    }
+
+    /// The connection to use: the current one, or, if it was lost, a new one (when
+    /// reconnecting is on and the export comes back the same).
+    async fn live(&self) -> Result<Arc<Conn>> {
+        let current = Arc::clone(&self.conn.lock());
+        let Some(why) = current.shared.state.lock().dead.clone() else {
+            return Ok(current);
+        };
+        let closed = |why: &str| Error::Closed {
+            device: format!("{}: {why}", self.info.name),
+        };
+        if !self.config.reconnect {
+            return Err(closed(&why));
+        }
+        let _one = self.reconnecting.lock().await;
+        // Someone else may have reconnected meanwhile.
+        let now = Arc::clone(&self.conn.lock());
+        if !Arc::ptr_eq(&now, &current) {
+            return Ok(now);
+        }
+        let (conn, ei) = open_conn(&self.url, &self.config).await?;
+        if ei.size / 512 != self.info.sectors || ei.flags != self.flags {
+            return Err(Error::Protocol {
+                peer: self.info.name.clone(),
+                what: format!(
+                    "the export came back different ({} bytes, flags {:#x}; was {} bytes, flags {:#x})",
+                    ei.size,
+                    ei.flags,
+                    self.info.bytes(),
+                    self.flags
+                ),
+            });
+        }
+        let conn = Arc::new(conn);
+        *self.conn.lock() = Arc::clone(&conn);
+        Ok(conn)
     }
 
     /// The transmission flags the server sent.
@@ -221,14 +302,15 @@ impl NbdDevice {
 
     /// Sends `NBD_CMD_DISC` after the requests in flight, and closes.
     pub async fn disconnect(&self) {
+        let conn = Arc::clone(&self.conn.lock());
         let req = Request {
             flags: 0,
             command: Command::Disc,
-            handle: self.shared.next.fetch_add(1, Relaxed),
+            handle: conn.shared.next.fetch_add(1, Relaxed),
             offset: 0,
             length: 0,
         };
-        let mut w = self.shared.writer.lock().await;
+        let mut w = conn.shared.writer.lock().await;
         let _ = w.write_all(&req.encode()).await;
         let _ = w.shutdown().await;
     }
@@ -247,7 +329,9 @@ impl NbdDevice {
             device: self.info.name.clone(),
             what: format!("{sectors} sectors in one NBD request"),
         })?;
-        let handle = self.shared.next.fetch_add(1, Relaxed);
+        let conn = self.live().await?;
+        let shared = &conn.shared;
+        let handle = shared.next.fetch_add(1, Relaxed);
         let (tx, rx) = oneshot::channel();
         let read_len = if command == Command::Read {
             length as usize
@@ -255,7 +339,7 @@ impl NbdDevice {
             0
         };
         {
-            let mut st = self.shared.state.lock();
+            let mut st = shared.state.lock();
             if let Some(why) = &st.dead {
                 return Err(Error::Closed {
                     device: format!("{}: {why}", self.info.name),
@@ -271,7 +355,7 @@ impl NbdDevice {
             length: if command == Command::Flush { 0 } else { length },
         };
         let sent = {
-            let mut w = self.shared.writer.lock().await;
+            let mut w = shared.writer.lock().await;
             let mut r = w.write_all(&req.encode()).await;
             if let (Ok(()), Some(p)) = (&r, &payload) {
                 r = w.write_all(p).await;
@@ -279,7 +363,7 @@ impl NbdDevice {
             r
         };
         if let Err(e) = sent {
-            self.shared.state.lock().pending.remove(&handle);
+            shared.state.lock().pending.remove(&handle);
             return Err(Error::Io {
                 device: self.info.name.clone(),
                 op,
@@ -321,28 +405,6 @@ impl NbdDevice {
             let s = i * step;
             (start + s, step.min(sectors - s))
         })
-    }
-}
-
-impl Drop for NbdDevice {
-    fn drop(&mut self) {
-        self.reader.abort();
-        // Say goodbye if a runtime is there to do it; the server copes either way.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let shared = Arc::clone(&self.shared);
-            rt.spawn(async move {
-                let req = Request {
-                    flags: 0,
-                    command: Command::Disc,
-                    handle: 0,
-                    offset: 0,
-                    length: 0,
-                };
-                let mut w = shared.writer.lock().await;
-                let _ = w.write_all(&req.encode()).await;
-                let _ = w.shutdown().await;
-            });
-        }
     }
 }
 

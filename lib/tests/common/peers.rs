@@ -33,6 +33,22 @@ pub struct Peer {
     pub port: u16,
 }
 
+impl Peer {
+    /// Stops the server and returns once the process is gone.
+    pub fn stop(self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
+            let pid = pid.trim().to_owned();
+            let _ = Command::new("kill").arg(&pid).status();
+            // `tail --pid` blocks until the process has exited.
+            let _ = Command::new("tail")
+                .args(["--pid", &pid, "-f", "/dev/null"])
+                .status();
+        }
+        // Gone: nothing left for `drop` to stop.
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+}
+
 impl Drop for Peer {
     fn drop(&mut self) {
         if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
@@ -51,7 +67,11 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// qemu-nbd serving `file` raw as export `name`; returns when it accepts connections.
 pub fn qemu_nbd(dir: &Path, file: &Path, name: &str) -> Peer {
-    let port = free_port();
+    qemu_nbd_on(dir, file, name, free_port())
+}
+
+/// qemu-nbd on a given port (to come back where a client had it).
+pub fn qemu_nbd_on(dir: &Path, file: &Path, name: &str, port: u16) -> Peer {
     let pid_file = dir.join(format!("qemu-nbd-{port}.pid"));
     let st = Command::new("qemu-nbd")
         .args([
