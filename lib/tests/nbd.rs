@@ -664,3 +664,29 @@ async fn the_client_reconnects_when_the_server_comes_back() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Settings that would stall a connection for good (no request in flight, a byte budget
+/// smaller than one request) are raised to workable ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degenerate_server_settings_still_serve() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("m", 4096));
+    let config = ServerConfig {
+        max_in_flight: 0,
+        max_buffered: 0,
+        max_request: 0,
+        max_connections: 0,
+        ..ServerConfig::default()
+    };
+    let (base, server) = start(NbdServer::new(config).export("m", dev)).await;
+    assert_eq!(server.config().max_request, 4096);
+    let c = NbdDevice::connect(&format!("{base}/m")).await.unwrap();
+    assert_eq!(c.info().limits.max_hw_sectors, 8);
+    // 64 KiB: split by the client into 4 KiB requests the server takes one at a time.
+    c.write(0, Bytes::from(pattern(9, 64 << 10)), IoOpts::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        c.read(0, 128, IoOpts::new()).await.unwrap(),
+        pattern(9, 64 << 10)
+    );
+}

@@ -106,9 +106,15 @@ pub struct NbdServer {
 }
 
 impl NbdServer {
-    /// A server with no exports yet.
+    /// A server with no exports yet. Zero limits in `config` are raised to one (a request
+    /// in flight, a connection, a request of one 4 KiB block), and the byte budget to at least
+    /// one largest request, so that no setting can stall a connection for good.
     #[must_use]
-    pub fn new(config: ServerConfig) -> Self {
+    pub fn new(mut config: ServerConfig) -> Self {
+        config.max_in_flight = config.max_in_flight.max(1);
+        config.max_connections = config.max_connections.max(1);
+        config.max_request = config.max_request.max(4096);
+        config.max_buffered = config.max_buffered.max(config.max_request);
         Self {
             exports: BTreeMap::new(),
             default: None,
