@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::json;
+use std::sync::Arc;
+
 use tagstripe::{BlockDevice, FileDevice, FileOptions};
 
 use crate::fail;
@@ -14,7 +16,7 @@ use crate::quirks::{Overrides, limits_json, resolved_json};
 /// Arguments of `tagstripe info`.
 #[derive(Debug, Args)]
 pub(crate) struct InfoArgs {
-    /// A file or a block device.
+    /// A file, a block device, or an NBD export (`nbd://host[:port][/export]`).
     path: PathBuf,
     #[command(flatten)]
     overrides: Overrides,
@@ -27,18 +29,46 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
     let is_block = std::fs::metadata(&args.path)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false);
+    let url = args.path.to_str().filter(|p| p.starts_with("nbd://"));
+    // An NBD export is asked over the network; the runtime lives as long as the device.
+    let rt = match url.map(|_| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }) {
+        Some(Ok(rt)) => Some(rt),
+        Some(Err(e)) => return fail("info", "runtime", &e.to_string(), args.json),
+        None => None,
+    };
     let opts = FileOptions {
         read_only: true,
         ..FileOptions::default()
     };
-    let dev = if is_block {
-        FileDevice::open_block(&args.path, opts)
-    } else {
-        FileDevice::open(&args.path, opts)
+    let dev: Result<Arc<dyn BlockDevice>, String> = match (url, &rt) {
+        (Some(u), Some(rt)) => rt.block_on(crate::components::open(
+            u,
+            crate::components::OpenOptions {
+                read_only: true,
+                direct: false,
+            },
+        )),
+        _ if is_block => FileDevice::open_block(&args.path, opts)
+            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map_err(|e| e.to_string()),
+        _ => FileDevice::open(&args.path, opts)
+            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map_err(|e| e.to_string()),
     };
     let dev = match dev {
         Ok(d) => d,
-        Err(e) => return fail("info", "open", &e.to_string(), args.json),
+        Err(e) => return fail("info", "open", &e, args.json),
+    };
+    let kind = if url.is_some() {
+        "nbd"
+    } else if is_block {
+        "block"
+    } else {
+        "file"
     };
     let set = match args.overrides.quirk_set() {
         Ok(s) => s,
@@ -57,7 +87,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
             "{}",
             json!({
                 "path": args.path.display().to_string(),
-                "kind": if is_block { "block" } else { "file" },
+                "kind": kind,
                 "sectors": info.sectors,
                 "bytes": info.bytes(),
                 "logical_block_size": info.limits.logical_block_size,
@@ -71,7 +101,11 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
     outln!(
         "{} ({}): {} sectors ({} bytes), logical {} B, physical {} B",
         args.path.display(),
-        if is_block { "block device" } else { "file" },
+        if kind == "block" {
+            "block device"
+        } else {
+            kind
+        },
         info.sectors,
         info.bytes(),
         info.limits.logical_block_size,

@@ -265,3 +265,76 @@ fn volume_striped_over_three_qemu_nbd_exports() {
     assert_eq!(through_map(&g, &files, 10240, 512), vec![0x42; 256 << 10]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn one_component_read_only_with_o_direct() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("ro");
+    let files = make_files(&dir, &[4]);
+    std::fs::write(&files[0], vec![0x42u8; 4 << 20]).unwrap();
+    let serve = Serve::start(&["--read-only", "--direct", files[0].to_str().unwrap()]);
+    assert!(serve.out[1].contains("read-only"), "{:?}", serve.out);
+    assert!(
+        serve.out[2].contains("exported directly"),
+        "{:?}",
+        serve.out
+    );
+    // qemu-io opens read-only (`-r`): the export says it is read-only.
+    let o = Command::new("qemu-io")
+        .args(["-r", "-f", "raw", &serve.url, "-c", "read -P 0x42 0 4M"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("read 4194304/4194304"),
+        "{text}"
+    );
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    // Opening it for writing is refused.
+    let o = Command::new("qemu-io")
+        .args(["-f", "raw", &serve.url, "-c", "write -P 0x11 0 4k"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !o.status.success() || text.contains("failed") || text.contains("read-only"),
+        "the write was not refused: {text}"
+    );
+    assert!(std::fs::read(&files[0]).unwrap().iter().all(|&b| b == 0x42));
+    let (ok, err) = serve.stop();
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn info_on_an_nbd_export() {
+    if !have("qemu-nbd") {
+        return;
+    }
+    let dir = scratch("info");
+    let files = make_files(&dir, &[3]);
+    let peer = qemu_nbd(&dir, &files[0], "disk");
+    let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args([
+            "info",
+            &format!("nbd://127.0.0.1:{}/disk", peer.port),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["kind"], "nbd");
+    assert_eq!(j["bytes"], 3 << 20);
+    assert_eq!(j["logical_block_size"], 512);
+    // qemu-nbd's maximum block size (32 MiB) is the hardware limit.
+    assert_eq!(j["hardware_limits"]["max_hw_sectors"], 65536);
+    drop(peer);
+    let _ = std::fs::remove_dir_all(&dir);
+}
