@@ -225,7 +225,7 @@ fn volume_striped_over_three_qemu_nbd_exports() {
     let peers: Vec<Peer> = files
         .iter()
         .enumerate()
-        .map(|(i, f)| qemu_nbd(&dir, f, &format!("c{i}")))
+        .map(|(i, f)| qemu_nbd(f, &format!("c{i}")))
         .collect();
     let urls: Vec<String> = peers
         .iter()
@@ -319,7 +319,7 @@ fn info_on_an_nbd_export() {
     }
     let dir = scratch("info");
     let files = make_files(&dir, &[3]);
-    let peer = qemu_nbd(&dir, &files[0], "disk");
+    let peer = qemu_nbd(&files[0], "disk");
     let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
         .args([
             "info",

@@ -161,7 +161,7 @@ async fn client_against_qemu_nbd() {
     let img = dir.join("disk.img");
     let mut init = pattern(5, 4 << 20);
     std::fs::write(&img, &init).unwrap();
-    let peer = qemu_nbd(&dir, &img, "disk");
+    let peer = qemu_nbd(&img, "disk");
     let url = format!("nbd://127.0.0.1:{}/disk", peer.port);
     let d = Arc::new(NbdDevice::connect(&url).await.unwrap());
     assert_eq!(d.info().sectors, 8192);
@@ -201,7 +201,7 @@ async fn client_against_nbdkit_memory_and_filters() {
     }
     let dir = scratch("nbdkit");
     // Plain memory plugin.
-    let mem = nbdkit(&dir, &["memory", "16M"]);
+    let mem = nbdkit(&["memory", "16M"]);
     let d = NbdDevice::connect(&format!("nbd://127.0.0.1:{}", mem.port))
         .await
         .unwrap();
@@ -218,16 +218,13 @@ async fn client_against_nbdkit_memory_and_filters() {
     assert_eq!(d.read(8, 8, IoOpts::new()).await.unwrap(), vec![0u8; 4096]);
 
     // The error filter: every read fails with EIO, which surfaces typed and named.
-    let bad = nbdkit(
-        &dir,
-        &[
-            "--filter=error",
-            "memory",
-            "16M",
-            "error-pread=EIO",
-            "error-pread-rate=100%",
-        ],
-    );
+    let bad = nbdkit(&[
+        "--filter=error",
+        "memory",
+        "16M",
+        "error-pread=EIO",
+        "error-pread-rate=100%",
+    ]);
     let d = NbdDevice::connect(&format!("nbd://127.0.0.1:{}", bad.port))
         .await
         .unwrap();
@@ -264,7 +261,7 @@ async fn client_against_nbdkit_memory_and_filters() {
     }
 
     // The delay filter: 2 s per read against a 300 ms timeout.
-    let slow = nbdkit(&dir, &["--filter=delay", "memory", "16M", "rdelay=2"]);
+    let slow = nbdkit(&["--filter=delay", "memory", "16M", "rdelay=2"]);
     let d = NbdDevice::connect_with(
         &format!("nbd://127.0.0.1:{}", slow.port),
         ClientConfig {
@@ -516,16 +513,13 @@ async fn fault_campaign_through_nbdkit_error_filter() {
     ] {
         let peers: Vec<Peer> = (0..if mirror { 2 } else { 3 })
             .map(|_| {
-                nbdkit(
-                    &dir,
-                    &[
-                        "--filter=error",
-                        "memory",
-                        "2M",
-                        "error=EIO",
-                        "error-rate=10%",
-                    ],
-                )
+                nbdkit(&[
+                    "--filter=error",
+                    "memory",
+                    "2M",
+                    "error=EIO",
+                    "error-rate=10%",
+                ])
             })
             .collect();
         let mut comps: Vec<Arc<dyn BlockDevice>> = Vec::new();
@@ -618,7 +612,7 @@ async fn the_client_reconnects_when_the_server_comes_back() {
     let dir = scratch("reconnect");
     let img = dir.join("disk.img");
     std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
-    let peer = qemu_nbd(&dir, &img, "disk");
+    let peer = qemu_nbd(&img, "disk");
     let port = peer.port;
     let d = NbdDevice::connect(&format!("nbd://127.0.0.1:{port}/disk"))
         .await
@@ -634,7 +628,7 @@ async fn the_client_reconnects_when_the_server_comes_back() {
         other => panic!("expected a typed failure with the server down, got {other:?}"),
     }
     // Back on the same port: the next request connects again and sees the data.
-    let back = qemu_nbd_on(&dir, &img, "disk", port);
+    let back = qemu_nbd_on(&img, "disk", port);
     assert_eq!(d.read(8, 8, IoOpts::new()).await.unwrap(), pattern(3, 4096));
     d.write(16, Bytes::from(pattern(4, 4096)), IoOpts::new())
         .await
@@ -655,7 +649,7 @@ async fn the_client_reconnects_when_the_server_comes_back() {
     .await
     .unwrap();
     back.stop();
-    let _again = qemu_nbd_on(&dir, &img, "disk", port);
+    let _again = qemu_nbd_on(&img, "disk", port);
     for _ in 0..2 {
         assert!(
             d2.read(0, 8, IoOpts::new()).await.is_err(),

@@ -26,6 +26,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Where a peer's pid file goes: outside the tests' scratch directories, which tests remove
+/// before their peers are dropped (nbdkit writes it only after it has forked, so it is read
+/// when the peer is stopped, not when it starts).
+fn pid_path(tool: &str, port: u16) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "tagstripe-{tool}-{}-{port}.pid",
+        std::process::id()
+    ))
+}
+
 /// A server process (qemu-nbd or nbdkit) started in the background with a pid file;
 /// killed on drop.
 pub struct Peer {
@@ -66,13 +76,13 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 /// qemu-nbd serving `file` raw as export `name`; returns when it accepts connections.
-pub fn qemu_nbd(dir: &Path, file: &Path, name: &str) -> Peer {
-    qemu_nbd_on(dir, file, name, free_port())
+pub fn qemu_nbd(file: &Path, name: &str) -> Peer {
+    qemu_nbd_on(file, name, free_port())
 }
 
 /// qemu-nbd on a given port (to come back where a client had it).
-pub fn qemu_nbd_on(dir: &Path, file: &Path, name: &str, port: u16) -> Peer {
-    let pid_file = dir.join(format!("qemu-nbd-{port}.pid"));
+pub fn qemu_nbd_on(file: &Path, name: &str, port: u16) -> Peer {
+    let pid_file = pid_path("qemu-nbd", port);
     let st = Command::new("qemu-nbd")
         .args([
             "-f",
@@ -98,9 +108,9 @@ pub fn qemu_nbd_on(dir: &Path, file: &Path, name: &str, port: u16) -> Peer {
 }
 
 /// nbdkit with `args` (plugin, filters, parameters); returns when it accepts connections.
-pub fn nbdkit(dir: &Path, args: &[&str]) -> Peer {
+pub fn nbdkit(args: &[&str]) -> Peer {
     let port = free_port();
-    let pid_file = dir.join(format!("nbdkit-{port}.pid"));
+    let pid_file = pid_path("nbdkit", port);
     let st = Command::new("nbdkit")
         .args(["-i", "127.0.0.1", "-p"])
         .arg(port.to_string())
