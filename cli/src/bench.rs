@@ -6,8 +6,6 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 use tagstripe_scheduler::{Nanos, Profile, sim};
 
-use crate::fail;
-
 /// Arguments of `tagstripe bench`: with no subcommand, the seed stories on a striped
 /// volume (by default over 4 temporary files).
 #[derive(Debug, Args)]
@@ -34,9 +32,21 @@ enum BenchCommand {
 /// Arguments of `tagstripe bench fairness`.
 #[derive(Debug, Args)]
 pub(crate) struct FairnessArgs {
-    /// Run the deterministic simulation (a disk model on a virtual clock).
+    /// Run the deterministic simulation (a disk model on a virtual clock). Without it: the
+    /// live run, a bulk writer and an interactive reader on a striped volume, fairness off and
+    /// on.
     #[arg(long)]
     sim: bool,
+    /// Live run: a component (file, block device, nbd://, sim:PROFILE:SIZE); repeat for more.
+    /// Default: 4 temporary files.
+    #[arg(long = "component")]
+    components: Vec<String>,
+    /// Live run: interleave in sectors.
+    #[arg(long, default_value_t = 128)]
+    interleave: u64,
+    /// Live run: seconds of each of its three runs.
+    #[arg(long, default_value_t = 5.0, value_parser = crate::story::parse_seconds)]
+    live_seconds: f64,
     /// The simulated disk: hdd-1998, hdd-modern or ssd.
     #[arg(long, default_value = "hdd-1998", value_parser = parse_profile)]
     profile: Profile,
@@ -74,10 +84,10 @@ fn mb(bytes_per_sec: f64) -> f64 {
 
 fn fairness(args: &FairnessArgs) -> ExitCode {
     if !args.sim {
-        return fail(
-            "bench fairness",
-            "live_unavailable",
-            "the live run on a volume comes with the async stack; use --sim for the simulation",
+        return crate::story::fairness_live(
+            &args.components,
+            args.interleave,
+            args.live_seconds,
             args.json,
         );
     }

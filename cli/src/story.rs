@@ -132,7 +132,7 @@ fn iostat(progress: Progress, watched: Watched) -> tokio::task::JoinHandle<()> {
             let now: Vec<StatsSnapshot> = stats.iter().map(|s| s.snapshot()).collect();
             let elapsed = at.elapsed();
             at = std::time::Instant::now();
-            if now.len() == last.len() {
+            if !now.is_empty() && now.len() == last.len() {
                 let mut line = String::from("iostat");
                 for (i, (n, l)) in now.iter().zip(&last).enumerate() {
                     use std::fmt::Write as _;
@@ -183,7 +183,7 @@ pub(crate) struct ThroughputArgs {
     json: bool,
 }
 
-fn parse_seconds(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_seconds(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("{s:?}: not a number of seconds"))?;
@@ -570,80 +570,12 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
             outln!("");
             crate::bench::fairness_table(&r, Profile::Hdd1998, seconds, 1);
         }
-        let mut live = Vec::new();
         let secs = Duration::from_millis(if quick { 1500 } else { 5000 });
-        if text {
-            outln!(
-                "\nlive on this volume: a bulk writer (1 MiB, 16 in flight) and an interactive reader (4 KiB random, one at a time, 1 ms apart), {secs:?}"
-            );
-            outln!(
-                "{:<26} {:>10} {:>10} {:>10} {:>10}",
-                "run",
-                "p50 ms",
-                "p99 ms",
-                "max ms",
-                "bulk MB/s"
-            );
-        }
-        for (label, queue, with_bulk) in [
-            ("reader alone", true, false),
-            ("fairness off (no queue)", false, true),
-            ("fairness on (tagstripe)", true, true),
-        ] {
-            progress.step(&format!("fairness: {label}"));
-            let v: Arc<dyn BlockDevice> = match build(comps.clone(), a.interleave, a.flavor, queue)
-            {
-                Ok(v) => Arc::new(v),
-                Err(e) => return crate::fail("bench", "volume", &e, a.json),
-            };
-            let reader = Load {
-                op: Op::RandRead,
-                bs: 4096,
-                depth: 1,
-                time: secs,
-                bytes: 0,
-                region: (0, total),
-                class: IoClass::Interactive,
-                think: Duration::from_millis(1),
-                seed: 3,
-            };
-            let bulk = Load {
-                op: Op::Write,
-                bs: 1 << 20,
-                depth: 16,
-                time: secs,
-                bytes: 0,
-                region: (0, total),
-                class: IoClass::Bulk,
-                think: Duration::ZERO,
-                seed: 4,
-            };
-            let (i, b) = if with_bulk {
-                tokio::join!(
-                    load::run(Arc::clone(&v), reader),
-                    load::run(Arc::clone(&v), bulk)
-                )
-            } else {
-                (load::run(Arc::clone(&v), reader).await, Outcome::default())
-            };
-            let ms = |p| round(i.lat_us(p) / 1e3, 2);
-            if text {
-                let bulk_mb = if with_bulk {
-                    format!("{:.1}", b.mb_s())
-                } else {
-                    "-".to_owned()
-                };
-                outln!(
-                    "{:<26} {:>10.2} {:>10.2} {:>10.2} {:>10}",
-                    label,
-                    ms(0.5),
-                    ms(0.99),
-                    ms(1.0),
-                    bulk_mb
-                );
-            }
-            live.push(json!({"run": label, "interactive": {"p50_ms": ms(0.5), "p99_ms": ms(0.99), "max_ms": ms(1.0), "reads": i.ops}, "bulk_mb_s": if with_bulk { round(b.mb_s(), 2) } else { 0.0 }}));
-        }
+        let shape = (a.interleave, a.flavor);
+        let live = match live_fairness(&comps, shape, secs, text, &progress, Some(&watched)).await {
+            Ok(l) => l,
+            Err(e) => return crate::fail("bench", "volume", &e, a.json),
+        };
         report["fairness"] = json!({"sim": crate::bench::fairness_json(&r, Profile::Hdd1998, seconds, 1), "live": live});
     }
     if let Some(t) = ticker {
@@ -709,4 +641,152 @@ pub(crate) fn human(b: u64) -> String {
     } else {
         b.to_string()
     }
+}
+
+/// The live fairness story on a volume over `comps` (interleave, flavor): an interactive
+/// 4 KiB reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
+/// `secs` each. Prints a table if `text`; returns the runs as JSON.
+async fn live_fairness(
+    comps: &[Arc<dyn BlockDevice>],
+    (interleave, flavor): (u64, Flavor),
+    secs: Duration,
+    text: bool,
+    progress: &Progress,
+    watched: Option<&Watched>,
+) -> Result<Value, String> {
+    if text {
+        outln!(
+            "\nlive on this volume: a bulk writer (1 MiB, 16 in flight) and an interactive reader (4 KiB random, one at a time, 1 ms apart), {secs:?}"
+        );
+        outln!(
+            "{:<26} {:>10} {:>10} {:>10} {:>10}",
+            "run",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "bulk MB/s"
+        );
+    }
+    let mut live = Vec::new();
+    for (label, queue, with_bulk) in [
+        ("reader alone", true, false),
+        ("fairness off (no queue)", false, true),
+        ("fairness on (tagstripe)", true, true),
+    ] {
+        progress.step(&format!("fairness: {label}"));
+        let v = Arc::new(build(comps.to_vec(), interleave, flavor, queue)?);
+        if let Some(Ok(mut w)) = watched.map(|w| w.lock()) {
+            *w = v.component_stats().to_vec();
+        }
+        let total = v.info().sectors;
+        let v: Arc<dyn BlockDevice> = v;
+        let reader = Load {
+            op: Op::RandRead,
+            bs: 4096,
+            depth: 1,
+            time: secs,
+            bytes: 0,
+            region: (0, total),
+            class: IoClass::Interactive,
+            think: Duration::from_millis(1),
+            seed: 3,
+        };
+        let bulk = Load {
+            op: Op::Write,
+            bs: 1 << 20,
+            depth: 16,
+            time: secs,
+            bytes: 0,
+            region: (0, total),
+            class: IoClass::Bulk,
+            think: Duration::ZERO,
+            seed: 4,
+        };
+        let (i, b) = if with_bulk {
+            tokio::join!(
+                load::run(Arc::clone(&v), reader),
+                load::run(Arc::clone(&v), bulk)
+            )
+        } else {
+            (load::run(Arc::clone(&v), reader).await, Outcome::default())
+        };
+        let ms = |p| round(i.lat_us(p) / 1e3, 2);
+        if text {
+            let bulk_mb = if with_bulk {
+                format!("{:.1}", b.mb_s())
+            } else {
+                "-".to_owned()
+            };
+            outln!(
+                "{:<26} {:>10.2} {:>10.2} {:>10.2} {:>10}",
+                label,
+                ms(0.5),
+                ms(0.99),
+                ms(1.0),
+                bulk_mb
+            );
+        }
+        live.push(json!({
+            "run": label,
+            "interactive": {"p50_ms": ms(0.5), "p99_ms": ms(0.99), "max_ms": ms(1.0), "reads": i.ops},
+            "bulk_mb_s": if with_bulk { round(b.mb_s(), 2) } else { 0.0 },
+        }));
+    }
+    Ok(Value::Array(live))
+}
+
+/// `tagstripe bench fairness` without `--sim`: the live story on a volume over `components`
+/// (default: 4 temporary files, removed at the end).
+pub(crate) fn fairness_live(
+    components: &[String],
+    interleave: u64,
+    secs: f64,
+    json: bool,
+) -> ExitCode {
+    let rt = match runtime(1) {
+        Ok(rt) => rt,
+        Err(c) => return c,
+    };
+    let temp = TempFiles {
+        dir: std::env::temp_dir().join(format!("tagstripe-fairness-{}", std::process::id())),
+    };
+    let code = rt.block_on(async {
+        let run = async {
+            let (comps, _, _) = if components.is_empty() {
+                temp_components(&temp, 256 << 20)?
+            } else {
+                let c = components::open_all(components, OpenOptions::default()).await?;
+                (c, components.to_vec(), false)
+            };
+            let progress = Progress::new(3);
+            let live = live_fairness(
+                &comps,
+                (interleave, Flavor::NetBsd),
+                Duration::from_secs_f64(secs),
+                !json,
+                &progress,
+                None,
+            )
+            .await;
+            progress.finish();
+            live
+        };
+        tokio::select! {
+            r = run => match r {
+                Ok(live) => {
+                    if json {
+                        outln!("{}", json!({"live": live, "seconds": secs, "interleave": interleave}));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => crate::fail("bench fairness", "volume", &e, json),
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("interrupted: removing the temporary files");
+                ExitCode::from(130)
+            }
+        }
+    });
+    drop(temp);
+    code
 }

@@ -66,7 +66,8 @@ fn fairness_bad_options_exit_2() {
     for bad in [
         vec!["bench", "fairness", "--sim", "--profile", "floppy"],
         vec!["bench", "fairness", "--sim", "--seconds", "1"],
-        vec!["bench", "fairness"],
+        vec!["bench", "fairness", "--live-seconds", "0"],
+        vec!["bench", "fairness", "--component", "sim:floppy:1M"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
             .args(&bad)
@@ -75,4 +76,46 @@ fn fairness_bad_options_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert!(!out.stderr.is_empty(), "{bad:?}");
     }
+}
+
+#[test]
+fn fairness_live_on_a_volume() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args([
+            "bench",
+            "fairness",
+            "--component",
+            "sim:ssd:64M",
+            "--component",
+            "sim:ssd:64M",
+            "--live-seconds",
+            "0.5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs: Vec<&str> = v["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            "reader alone",
+            "fairness off (no queue)",
+            "fairness on (tagstripe)"
+        ]
+    );
+    for r in v["live"].as_array().unwrap() {
+        assert!(r["interactive"]["reads"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert!(v["live"][2]["bulk_mb_s"].as_f64().unwrap() > 0.0);
 }
