@@ -585,6 +585,9 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
     if let Err(e) = dev.flush(IoOpts::new()).await {
         return crate::fail("bench", "flush", &e.to_string(), a.json);
     }
+    if text {
+        summary(&report);
+    }
     if a.json {
         outln!("{report}");
     }
@@ -789,4 +792,62 @@ pub(crate) fn fairness_live(
     });
     drop(temp);
     code
+}
+
+/// The table at the end: the figures of each phase that ran, in one place.
+fn summary(report: &Value) {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    outln!("\nsummary");
+    if let Some(rows) = report["sweep"].as_array() {
+        let best = |key: &str| {
+            rows.iter()
+                .max_by(|x, y| f(&x[key]).total_cmp(&f(&y[key])))
+                .map(|r| (f(&r[key]), r["bs"].as_u64().unwrap_or(0)))
+                .unwrap_or((0.0, 0))
+        };
+        let ((w, wbs), (r, rbs)) = (best("write_mb_s"), best("read_mb_s"));
+        outln!(
+            "  {:<34} write {:.1} MB/s at {}, read {:.1} MB/s at {}",
+            "sweep: best sequential",
+            w,
+            human(wbs),
+            r,
+            human(rbs)
+        );
+    }
+    let b = &report["bonnie"];
+    if b.is_object() {
+        outln!(
+            "  {:<34} write {:.1} MB/s, rewrite {:.1} MB/s, read {:.1} MB/s, {:.0} seeks/s",
+            "bonnie-style",
+            f(&b["block_write_mb_s"]),
+            f(&b["rewrite_mb_s"]),
+            f(&b["block_read_mb_s"]),
+            f(&b["random_seeks_per_s"])
+        );
+    }
+    if let Some(runs) = report["fairness"]["sim"]["runs"].as_array() {
+        let p99 = |name: &str| {
+            runs.iter()
+                .find(|r| r["scheduler"] == name)
+                .map_or(0.0, |r| f(&r["interactive"]["p99_ms"]))
+        };
+        outln!(
+            "  {:<34} fifo {:.0} ms, cam1998 {:.0} ms, tagstripe {:.0} ms",
+            "simulated 1998 disk: reader p99",
+            p99("fifo"),
+            p99("cam1998"),
+            p99("tagstripe")
+        );
+    }
+    if let Some(live) = report["fairness"]["live"].as_array() {
+        for r in live.iter().skip(1) {
+            outln!(
+                "  {:<34} reader p99 {:.2} ms, bulk {:.1} MB/s",
+                format!("live: {}", r["run"].as_str().unwrap_or("")),
+                f(&r["interactive"]["p99_ms"]),
+                f(&r["bulk_mb_s"])
+            );
+        }
+    }
 }

@@ -226,3 +226,13 @@ fn a_short_soak_loses_nothing_and_serves_degraded() {
     let (code, _, _) = tagstripe(&["bench", "soak", "--fault-rate", "2"]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn the_text_run_ends_with_a_summary_table() {
+    let (code, out, err) = tagstripe(&["bench", "--quick", "--size", "8M", "--phases", "sweep"]);
+    assert_eq!(code, 0, "{err}");
+    let tail = out.rsplit("\nsummary\n").next().unwrap_or("");
+    assert!(out.contains("\nsummary\n"), "{out}");
+    assert!(tail.contains("sweep: best sequential"), "{tail}");
+    assert!(!tail.contains("bonnie"), "only the phases that ran: {tail}");
+}
