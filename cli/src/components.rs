@@ -16,7 +16,8 @@ pub(crate) struct OpenOptions {
     pub direct: bool,
 }
 
-/// Opens one component: `nbd://host[:port][/export]`, `sim:PROFILE:SIZE` (a simulated disk
+/// Opens one component: `nbd://host[:port][/export]`, `nbd+unix:///export?socket=PATH`,
+/// `sim:PROFILE:SIZE` (a simulated disk
 /// in memory, e.g. `sim:hdd-1998:256M`), a block device, or a regular file.
 pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevice>, String> {
     if let Some(rest) = spec.strip_prefix("sim:") {
@@ -35,7 +36,7 @@ pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevi
             bytes / 512,
         )));
     }
-    if spec.starts_with("nbd://") {
+    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
         let d = NbdDevice::connect(spec).await.map_err(|e| e.to_string())?;
         return Ok(Arc::new(d));
     }

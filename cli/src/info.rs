@@ -29,7 +29,10 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
     let is_block = std::fs::metadata(&args.path)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false);
-    let url = args.path.to_str().filter(|p| p.starts_with("nbd://"));
+    let url = args
+        .path
+        .to_str()
+        .filter(|p| p.starts_with("nbd://") || p.starts_with("nbd+unix://"));
     // An NBD export is asked over the network; the runtime lives as long as the device.
     let rt = match url.map(|_| {
         tokio::runtime::Builder::new_current_thread()

@@ -16,7 +16,7 @@ use crate::components::{self, OpenOptions};
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// Address and port to listen on (loopback unless another address is given; port 0
-    /// picks a free one).
+    /// picks a free one), or `unix:PATH` for a Unix socket.
     #[arg(long, default_value = "127.0.0.1:10809")]
     listen: String,
     /// The export's name.
@@ -113,18 +113,14 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         class: args.class,
         ..ServerConfig::default()
     };
-    let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+    let listener = match Listener::bind(&args.listen).await {
         Ok(l) => l,
         Err(e) => {
             return crate::fail("serve", "listen", &format!("{}: {e}", args.listen), false);
         }
     };
-    let addr = match listener.local_addr() {
-        Ok(a) => a,
-        Err(e) => return crate::fail("serve", "listen", &e.to_string(), false),
-    };
     let info = device.info().clone();
-    outln!("listening on nbd://{addr}/{}", args.export);
+    outln!("listening on {}", listener.url(&args.export));
     outln!(
         "export {:?}: {} sectors ({} bytes){}, logical block {} bytes",
         args.export,
@@ -161,7 +157,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         }
     };
     let code = tokio::select! {
-        r = Arc::clone(&server).serve(listener) => match r {
+        r = listener.serve(Arc::clone(&server)) => match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => crate::fail("serve", "accept", &e.to_string(), false),
         },
@@ -176,4 +172,46 @@ async fn serve(args: &ServeArgs) -> ExitCode {
     }
     eprintln!("tagstripe serve: stopped, flushed");
     code
+}
+
+/// Where the server listens: TCP, or a Unix socket (removed when the server stops).
+enum Listener {
+    Tcp(tokio::net::TcpListener, std::net::SocketAddr),
+    Unix(tokio::net::UnixListener, UnixPath),
+}
+
+/// A Unix socket's path, unlinked when dropped.
+struct UnixPath(String);
+
+impl Drop for UnixPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl Listener {
+    async fn bind(spec: &str) -> std::io::Result<Self> {
+        if let Some(path) = spec.strip_prefix("unix:") {
+            let l = tokio::net::UnixListener::bind(path)?;
+            return Ok(Self::Unix(l, UnixPath(path.to_owned())));
+        }
+        let l = tokio::net::TcpListener::bind(spec).await?;
+        let addr = l.local_addr()?;
+        Ok(Self::Tcp(l, addr))
+    }
+
+    /// The URL clients use for `export`.
+    fn url(&self, export: &str) -> String {
+        match self {
+            Self::Tcp(_, addr) => format!("nbd://{addr}/{export}"),
+            Self::Unix(_, p) => format!("nbd+unix:///{export}?socket={}", p.0),
+        }
+    }
+
+    async fn serve(self, server: Arc<NbdServer>) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(l, _) => server.serve(l).await,
+            Self::Unix(l, _path) => server.serve_unix(l).await,
+        }
+    }
 }

@@ -22,9 +22,13 @@ struct Serve {
 
 impl Serve {
     fn start(args: &[&str]) -> Self {
+        Self::start_on("127.0.0.1:0", args)
+    }
+
+    fn start_on(listen: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--export", "vol"])
+            .args(["--listen", listen, "--export", "vol"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -336,5 +340,59 @@ fn info_on_an_nbd_export() {
     // qemu-nbd's maximum block size (32 MiB) is the hardware limit.
     assert_eq!(j["hardware_limits"]["max_hw_sectors"], 65536);
     drop(peer);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_on_a_unix_socket_and_stripe_over_one() {
+    if !have("qemu-io") || !have("qemu-nbd") {
+        return;
+    }
+    let dir = scratch("unix");
+    let files = make_files(&dir, &[2, 2]);
+    // A component behind qemu-nbd on a Unix socket...
+    let sock = dir.join("c1.sock");
+    let st = Command::new("qemu-nbd")
+        .args(["-f", "raw", "-x", "c1", "--persistent", "--fork", "-k"])
+        .arg(&sock)
+        .arg("--pid-file")
+        .arg(dir.join("c1.pid"))
+        .arg(&files[1])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let c1 = format!("nbd+unix:///c1?socket={}", sock.display());
+    // ...and the volume served on a Unix socket too.
+    let ours = dir.join("vol.sock");
+    let serve = Serve::start_on(
+        &format!("unix:{}", ours.display()),
+        &["--interleave", "16", files[0].to_str().unwrap(), &c1],
+    );
+    assert_eq!(
+        serve.url,
+        format!("nbd+unix:///vol?socket={}", ours.display())
+    );
+    qemu_io(
+        &serve.url,
+        &[
+            "write -P 0x6d 0 1M".into(),
+            "read -P 0x6d 0 1M".into(),
+            "flush".into(),
+        ],
+    );
+    let g = Geometry::builder([4096, 4096], 16).build().unwrap();
+    assert_eq!(through_map(&g, &files, 0, 2048), vec![0x6d; 1 << 20]);
+    let (ok, err) = serve.stop();
+    assert!(ok, "{err}");
+    assert!(
+        !ours.exists(),
+        "the socket is removed when the server stops"
+    );
+    if let Ok(pid) = std::fs::read_to_string(dir.join("c1.pid")) {
+        let _ = Command::new("kill").arg(pid.trim()).status();
+        let _ = Command::new("tail")
+            .args(["--pid", pid.trim(), "-f", "/dev/null"])
+            .status();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

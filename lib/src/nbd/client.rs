@@ -8,9 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -40,13 +39,21 @@ impl Default for ClientConfig {
     }
 }
 
-/// Where an NBD export is: `nbd://host[:port][/export]` (port 10809 by default).
+/// The reading side of a connection (TCP or a Unix socket).
+type ReadHalf = BufReader<Box<dyn AsyncRead + Send + Unpin>>;
+/// The writing side of a connection.
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Where an NBD export is: `nbd://host[:port][/export]` (port 10809 by default), or
+/// `nbd+unix:///[export]?socket=PATH` for a Unix socket (the NBD URI forms).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdUrl {
-    /// Host and port, as given to `connect`.
+    /// Host and port, as given to `connect` (empty for a Unix socket).
     pub addr: String,
     /// The export's name ("" for the server's default).
     pub export: String,
+    /// The Unix socket's path, for `nbd+unix://`.
+    pub socket: Option<String>,
 }
 
 impl NbdUrl {
@@ -57,15 +64,34 @@ impl NbdUrl {
     /// let u = NbdUrl::parse("nbd://10.0.0.2/disk0").unwrap();
     /// assert_eq!((u.addr.as_str(), u.export.as_str()), ("10.0.0.2:10809", "disk0"));
     /// assert!(NbdUrl::parse("http://x").is_err());
+    /// let u = NbdUrl::parse("nbd+unix:///disk0?socket=/run/nbd.sock").unwrap();
+    /// assert_eq!(u.socket.as_deref(), Some("/run/nbd.sock"));
     /// ```
     ///
     /// # Errors
-    /// [`Error::BadUrl`] for another scheme, an empty host or a bad port.
+    /// [`Error::BadUrl`] for another scheme, an empty host, a bad port, or a Unix URL without
+    /// its socket.
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |why: &str| Error::BadUrl {
             url: url.to_owned(),
             why: why.to_owned(),
         };
+        if let Some(rest) = url.strip_prefix("nbd+unix://") {
+            let (path, query) = rest
+                .split_once('?')
+                .ok_or_else(|| bad("a Unix URL needs ?socket=PATH"))?;
+            let export = path.strip_prefix('/').unwrap_or(path);
+            let socket = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("socket="))
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| bad("a Unix URL needs ?socket=PATH"))?;
+            return Ok(Self {
+                addr: String::new(),
+                export: export.to_owned(),
+                socket: Some(socket.to_owned()),
+            });
+        }
         let rest = url
             .strip_prefix("nbd://")
             .ok_or_else(|| bad("the scheme must be nbd://"))?;
@@ -91,13 +117,45 @@ impl NbdUrl {
         Ok(Self {
             addr,
             export: export.to_owned(),
+            socket: None,
         })
+    }
+
+    /// Connects the stream the URL names, split into its two sides.
+    async fn connect(&self) -> Result<(ReadHalf, WriteHalf)> {
+        let (r, w): (Box<dyn AsyncRead + Send + Unpin>, WriteHalf) = match &self.socket {
+            Some(path) => {
+                let s = UnixStream::connect(path)
+                    .await
+                    .map_err(|source| Error::Connect {
+                        addr: path.clone(),
+                        source,
+                    })?;
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            None => {
+                let s = TcpStream::connect(&self.addr)
+                    .await
+                    .map_err(|source| Error::Connect {
+                        addr: self.addr.clone(),
+                        source,
+                    })?;
+                let _ = s.set_nodelay(true);
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+        };
+        Ok((BufReader::with_capacity(256 << 10, r), w))
     }
 }
 
 impl std::fmt::Display for NbdUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "nbd://{}/{}", self.addr, self.export)
+        match &self.socket {
+            Some(p) => write!(f, "nbd+unix:///{}?socket={p}", self.export),
+            None => write!(f, "nbd://{}/{}", self.addr, self.export),
+        }
     }
 }
 
@@ -120,7 +178,7 @@ struct State {
 
 struct Shared {
     name: String,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<WriteHalf>,
     /// Requests waiting for replies, and why the connection is gone once it is: one lock,
     /// so a request is either registered before the reader gives up or refused.
     state: Mutex<State>,
@@ -182,16 +240,7 @@ impl Drop for Conn {
 async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInfo)> {
     let name = u.to_string();
     let fut = async {
-        let stream = TcpStream::connect(&u.addr)
-            .await
-            .map_err(|source| Error::Connect {
-                addr: u.addr.clone(),
-                source,
-            })?;
-        let _ = stream.set_nodelay(true);
-        let (r, w) = stream.into_split();
-        let mut r = BufReader::with_capacity(256 << 10, r);
-        let mut w = w;
+        let (mut r, mut w) = u.connect().await?;
         let info = negotiate(&name, &u.export, &mut r, &mut w).await?;
         Ok::<_, Error>((r, w, info))
     };
@@ -408,7 +457,7 @@ impl NbdDevice {
     }
 }
 
-async fn read_replies(shared: Arc<Shared>, mut r: BufReader<OwnedReadHalf>) {
+async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf) {
     let why = loop {
         let mut head = [0u8; proto::SimpleReply::LEN];
         if let Err(e) = r.read_exact(&mut head).await {
@@ -462,8 +511,8 @@ async fn read_replies(shared: Arc<Shared>, mut r: BufReader<OwnedReadHalf>) {
 async fn negotiate(
     name: &str,
     export: &str,
-    r: &mut BufReader<OwnedReadHalf>,
-    w: &mut OwnedWriteHalf,
+    r: &mut ReadHalf,
+    w: &mut WriteHalf,
 ) -> Result<ExportInfo> {
     let perr = |what: String| Error::Protocol {
         peer: name.to_owned(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tagstripe_scheduler::IoClass;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::proto::{self, Command, InfoRequest, OptionHeader, Request, SimpleReply, errno};
@@ -165,18 +165,45 @@ impl NbdServer {
         &self.config
     }
 
-    /// Accepts connections until the listener fails, serving each on its own task.
+    /// Accepts TCP connections until the listener fails, serving each on its own task.
     ///
     /// # Errors
     /// The listener's error.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        let l = &listener;
+        self.accept_loop(move || async move {
+            let (s, _) = l.accept().await?;
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        })
+        .await
+    }
+
+    /// Accepts connections on a Unix socket until the listener fails (clients reach it as
+    /// `nbd+unix:///NAME?socket=PATH`).
+    ///
+    /// # Errors
+    /// The listener's error.
+    pub async fn serve_unix(self: Arc<Self>, listener: UnixListener) -> std::io::Result<()> {
+        let l = &listener;
+        self.accept_loop(move || async move { Ok(l.accept().await?.0) })
+            .await
+    }
+
+    /// Takes connections from `accept`, at most `max_connections` at once, each on its own
+    /// task with the configured class.
+    async fn accept_loop<S, F, Fut>(self: Arc<Self>, mut accept: F) -> std::io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::io::Result<S>>,
+    {
         let slots = Arc::new(Semaphore::new(self.config.max_connections));
         loop {
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                 return Ok(());
             };
-            let (stream, _peer) = listener.accept().await?;
-            let _ = stream.set_nodelay(true);
+            let stream = accept().await?;
             let me = Arc::clone(&self);
             tokio::spawn(async move {
                 let class = me.config.class;
