@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tagstripe::scheduler::IoClass;
+use tagstripe::scheduler::{IoClass, Rng};
 use tagstripe::{BlockDevice, IoOpts};
 
 /// What to do.
@@ -139,7 +139,7 @@ pub(crate) async fn run(dev: Arc<dyn BlockDevice>, load: Load) -> Outcome {
             data.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let mut x = (load.seed ^ (w as u64 + 1)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut rng = Rng::new(load.seed ^ ((w as u64 + 1) << 32));
             let mut out = Outcome::default();
             let mut buf = vec![0u8; load.bs as usize];
             let opts = IoOpts::new().class(load.class);
@@ -151,10 +151,7 @@ pub(crate) async fn run(dev: Arc<dyn BlockDevice>, load: Load) -> Outcome {
                     break;
                 }
                 let slot = if load.op.random() {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x % slots
+                    rng.below(slots)
                 } else {
                     next.fetch_add(1, Relaxed) % slots
                 };

@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::json;
 use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig};
 use tagstripe::quirks::QuirkSet;
-use tagstripe::scheduler::IoClass;
+use tagstripe::scheduler::{IoClass, Rng};
 use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, Error, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
 
@@ -64,17 +64,6 @@ struct Tally {
     unnamed: u64,
     degraded: Vec<usize>,
     dropped_connections: u64,
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 type Faulty = Arc<FaultDevice<Arc<dyn BlockDevice>>>;
@@ -169,7 +158,7 @@ async fn nbd_mirror() -> Result<Rig, String> {
 
 async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Tally) {
     let mut t = Tally::default();
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let total = rig.vol.info().sectors;
     let mut data = vec![0u8; total as usize * 512];
     let mut unknown = vec![false; total as usize];
@@ -207,17 +196,17 @@ async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Ta
             force_write = true;
         }
         t.ops += 1;
-        let s = rng.next() % total;
-        let n = (rng.next() % 256 + 1).min(total - s);
+        let s = rng.below(total);
+        let n = (rng.below(256) + 1).min(total - s);
         let range = s as usize..(s + n) as usize;
         let pick = if std::mem::take(&mut force_write) {
             0
         } else {
-            rng.next() % 10
+            rng.below(10)
         };
         match pick {
             0..=3 => {
-                let seed = rng.next() as u8;
+                let seed = rng.next_u64() as u8;
                 let bytes: Vec<u8> = (0..n * 512)
                     .map(|i| (i as u8).wrapping_mul(seed | 1) ^ (s as u8))
                     .collect();

@@ -272,7 +272,8 @@ impl UringDevice {
             return Ok(());
         }
         if let Err(e) = st.ring.submit() {
-            // Nothing was taken: fail what is queued rather than leave it waiting.
+            // A full ring (EBUSY, EAGAIN) takes the entry on a later submit. Any other error
+            // is reported; the entry keeps its buffers until a completion is reaped for it.
             if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EAGAIN) {
                 return Err(e);
             }

@@ -153,6 +153,10 @@ impl Striped {
         F: Fn(usize) -> Fut,
         Fut: Future<Output = Result<()>>,
     {
+        if p.mirror.is_none() {
+            // The common case: one target, nothing to gather.
+            return op(p.component).await.map_err(|e| component(p.component, e));
+        }
         let targets: Vec<usize> = p
             .write_targets()
             .map(|(_, c)| c)
