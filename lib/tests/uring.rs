@@ -5,7 +5,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tagstripe::{BlockDevice, Error, FileDevice, FileOptions, IoOpts, UringDevice};
+use futures_util::future::join_all;
+use tagstripe::quirks::QuirkSet;
+use tagstripe::{BlockDevice, Error, FileDevice, FileOptions, IoOpts, UringDevice, Volume};
+
+mod common;
+use common::{can_use_loop, make_loop_with};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -119,4 +124,105 @@ fn uring_survives_a_new_runtime_and_drops_with_requests_in_flight() {
     let raw = std::fs::read(&path).unwrap();
     assert_eq!(raw[..4096], vec![9u8; 4096][..]);
     std::fs::remove_file(&path).unwrap();
+}
+
+/// More requests at once than the ring's completion queue holds, all submitted before the
+/// reaper can run (one thread): the extra ones wait in user space instead of overflowing the
+/// completion queue, and every one completes with the right data.
+#[test]
+fn uring_takes_more_requests_than_its_completion_queue_holds() {
+    let path = std::env::temp_dir().join(format!("tagstripe-uring-cq-{}.img", std::process::id()));
+    drop(FileDevice::create(&path, 8192, FileOptions::default()).unwrap());
+    let opts = FileOptions::default();
+    let dev = match UringDevice::open(&path, opts, false, 4) {
+        Ok(d) => d,
+        Err(Error::Unsupported { .. }) => {
+            eprintln!("skipping: io_uring is not available here");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let cap = dev.ring_capacity();
+    assert!(
+        cap <= 16,
+        "a 4-entry ring has a small completion queue, got {cap}"
+    );
+    let n = 4096u64;
+    assert!(n as usize > 100 * cap);
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    single.block_on(async {
+        let writes = (0..n).map(|i| {
+            let data = Bytes::from(vec![(i % 251) as u8; 1024]);
+            dev.write(i * 2, data, IoOpts::new())
+        });
+        let done = tokio::time::timeout(std::time::Duration::from_secs(120), join_all(writes))
+            .await
+            .expect("writes hung: completions were lost");
+        assert!(done.iter().all(Result::is_ok));
+        let reads = (0..n).map(|i| dev.read(i * 2, 2, IoOpts::new()));
+        let got = tokio::time::timeout(std::time::Duration::from_secs(120), join_all(reads))
+            .await
+            .expect("reads hung: completions were lost");
+        // Each request had its own two sectors.
+        for (i, r) in got.into_iter().enumerate() {
+            assert_eq!(r.unwrap(), vec![(i % 251) as u8; 1024], "request {i}");
+        }
+    });
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// The hang of a volume with no queue over a loop device with direct I/O and a 4 KiB
+/// `max_sectors_kb`: 16 writes of 1 MiB become 4,096 pieces at once, far more than the
+/// ring's completion queue; they all complete, and the bytes are on the device.
+#[test]
+fn uring_unqueued_volume_over_a_loop_device_with_small_max_sectors() {
+    if let Err(why) = can_use_loop() {
+        eprintln!("skipping loop-device test: {why}");
+        return;
+    }
+    let lo = make_loop_with("uring-cap", 64 << 20, 512, true).expect("loop device");
+    let name = lo.dev.file_name().unwrap().to_string_lossy().into_owned();
+    let knob = format!("/sys/block/{name}/queue/max_sectors_kb");
+    std::fs::write(&knob, "4").expect("set max_sectors_kb");
+    let opts = FileOptions {
+        direct: true,
+        ..FileOptions::default()
+    };
+    let dev = match UringDevice::open(&lo.dev, opts, true, 256) {
+        Ok(d) => d,
+        Err(Error::Unsupported { .. }) => {
+            eprintln!("skipping: io_uring is not available here");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(dev.info().limits.max_sectors, 8, "{:?}", dev.info().limits);
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    single.block_on(async {
+        let vol = Volume::builder(vec![Arc::new(dev) as Arc<dyn BlockDevice>])
+            .quirks(QuirkSet::empty())
+            .queue(false)
+            .build()
+            .unwrap();
+        let writes = (0..16u64).map(|i| {
+            let data = Bytes::from(vec![i as u8 + 1; 1 << 20]);
+            vol.write(i * 2048, data, IoOpts::new())
+        });
+        let done = tokio::time::timeout(std::time::Duration::from_secs(120), join_all(writes))
+            .await
+            .expect("writes hung: completions were lost");
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+        vol.flush(IoOpts::new()).await.unwrap();
+        for i in 0..16u64 {
+            let got = vol.read(i * 2048, 2048, IoOpts::new()).await.unwrap();
+            assert!(got.iter().all(|&b| b == i as u8 + 1), "write {i}");
+        }
+    });
+    drop(lo);
 }

@@ -2,7 +2,7 @@
 //! handoff per request. The caller's task submits (one `io_uring_enter`), and completions are
 //! reaped by a task woken through tokio's reactor when the ring's fd becomes readable.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -42,8 +42,65 @@ enum InFlight {
 
 struct Ring {
     ring: IoUring,
+    /// Every request not yet answered, in the ring or waiting for room in it.
     inflight: HashMap<u64, InFlight>,
+    /// Entries (with their ids) waiting in user space for room in the completion queue.
+    waiting: VecDeque<squeue::Entry>,
+    /// Entries handed to the ring and not yet reaped.
+    in_ring: usize,
+    /// The most entries the ring may hold: its completion queue's size, so completions
+    /// never overflow into the kernel's list (which raises no readiness on the fd).
+    cap: usize,
     next: u64,
+}
+
+impl Ring {
+    /// Moves waiting entries into the submission queue while the completion queue has room
+    /// for their completions, then submits. Errors of `io_uring_enter` are returned; the
+    /// entries stay in the submission queue for the next submit.
+    fn feed(&mut self) -> io::Result<()> {
+        let mut pushed = false;
+        while self.in_ring < self.cap {
+            let Some(entry) = self.waiting.pop_front() else {
+                break;
+            };
+            // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
+            // `inflight[entry.user_data()]`; moving the owner does not move the heap buffer,
+            // and the owner is kept until the completion carrying the id is reaped (`reap`),
+            // also when the device is dropped first (`Shared::drop` waits). The fd belongs to
+            // `Shared::file`, open as long as the ring. Exercised by the uring tests.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                // The submission queue is full: hand it to the kernel, then go on.
+                self.waiting.push_front(entry);
+                self.submit()?;
+                // SAFETY: as above.
+                let Some(entry) = self.waiting.pop_front() else {
+                    break;
+                };
+                if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                    self.waiting.push_front(entry);
+                    break;
+                }
+            }
+            self.in_ring += 1;
+            pushed = true;
+        }
+        if pushed || self.ring.submission().cq_overflow() {
+            self.submit()?;
+        }
+        Ok(())
+    }
+
+    /// One `io_uring_enter`; a busy ring (EBUSY, EAGAIN) takes its entries on a later one.
+    /// With completions parked on the kernel's overflow list, the enter carries GETEVENTS,
+    /// which moves them back to the completion queue.
+    fn submit(&mut self) -> io::Result<()> {
+        match self.ring.submit() {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 struct Shared {
@@ -68,7 +125,13 @@ impl Drop for Shared {
         // Requests still in the kernel write into buffers owned here: wait for every one of
         // them before the buffers are freed.
         let st = self.ring.get_mut();
-        while !st.inflight.is_empty() {
+        // Entries still waiting in user space never reached the kernel: answer them now.
+        for entry in std::mem::take(&mut st.waiting) {
+            if let Some(state) = st.inflight.remove(&entry.get_user_data()) {
+                fail(state, io::Error::from(io::ErrorKind::BrokenPipe));
+            }
+        }
+        while st.in_ring > 0 {
             if st.ring.submit_and_wait(1).is_err() {
                 // The ring cannot wait (it should always be able to): leak the buffers
                 // rather than free memory the kernel may still write.
@@ -80,13 +143,42 @@ impl Drop for Shared {
     }
 }
 
-/// Takes every completion off the ring and answers its request.
+/// Takes every completion off the ring and answers its request, then lets waiting entries
+/// into the room that made. Completions the kernel parked on its overflow list (only
+/// possible if something else filled the ring) are fetched back and reaped too.
 fn reap(st: &mut Ring) {
-    let done: Vec<(u64, i32)> = st
-        .ring
-        .completion()
-        .map(|c| (c.user_data(), c.result()))
-        .collect();
+    loop {
+        let done: Vec<(u64, i32)> = st
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        let none = done.is_empty();
+        st.in_ring = st.in_ring.saturating_sub(done.len());
+        answer(st, done);
+        let overflow = st.ring.submission().cq_overflow();
+        if let Err(e) = st.feed() {
+            // The kernel refused the entries: fail the ones it cannot have taken, rather than
+            // leave their callers waiting for completions that will never come.
+            fail_waiting(st, &e);
+        }
+        if none && !overflow {
+            return;
+        }
+    }
+}
+
+/// Fails every entry still waiting in user space with `e`.
+fn fail_waiting(st: &mut Ring, e: &io::Error) {
+    for entry in std::mem::take(&mut st.waiting) {
+        if let Some(state) = st.inflight.remove(&entry.get_user_data()) {
+            fail(state, io::Error::new(e.kind(), e.to_string()));
+        }
+    }
+}
+
+/// Answers the requests of these completions.
+fn answer(st: &mut Ring, done: Vec<(u64, i32)>) {
     for (id, res) in done {
         let Some(state) = st.inflight.remove(&id) else {
             continue;
@@ -208,8 +300,11 @@ impl UringDevice {
             direct: opts.direct,
             shared: Arc::new(Shared {
                 ring: Mutex::new(Ring {
+                    cap: ring.params().cq_entries() as usize,
                     ring,
                     inflight: HashMap::new(),
+                    waiting: VecDeque::new(),
+                    in_ring: 0,
                     next: 0,
                 }),
                 file,
@@ -245,40 +340,30 @@ impl UringDevice {
         Ok(())
     }
 
-    /// Puts one entry in the ring (its buffers in `state`) and submits it.
+    /// Puts one entry in the ring (its buffers in `state`) and submits it, or keeps it
+    /// waiting in user space while the ring holds as many entries as its completion queue
+    /// has room for (the reaper lets it in as completions are reaped).
     fn submit(&self, entry: squeue::Entry, state: InFlight) -> io::Result<()> {
         self.ensure_reaper()?;
         let mut st = self.shared.ring.lock();
         let id = st.next;
         st.next = st.next.wrapping_add(1);
-        let entry = entry.user_data(id);
         st.inflight.insert(id, state);
-        // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
-        // `inflight[id]`; moving the owner does not move the heap buffer, and the owner is
-        // kept until the completion carrying `id` is reaped (`reap`), also when the device
-        // is dropped first (`Shared::drop` waits). The fd belongs to `shared.file`, open as
-        // long as the ring. Exercised by the uring tests.
-        let mut pushed = unsafe { st.ring.submission().push(&entry) };
-        if pushed.is_err() {
-            // The submission queue is full: hand it to the kernel, then push again.
-            let _ = st.ring.submit();
-            // SAFETY: as above.
-            pushed = unsafe { st.ring.submission().push(&entry) };
-        }
-        if pushed.is_err() {
-            if let Some(state) = st.inflight.remove(&id) {
-                fail(state, io::Error::from(io::ErrorKind::WouldBlock));
-            }
-            return Ok(());
-        }
-        if let Err(e) = st.ring.submit() {
-            // A full ring (EBUSY, EAGAIN) takes the entry on a later submit. Any other error
-            // is reported; the entry keeps its buffers until a completion is reaped for it.
-            if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(e);
-            }
+        st.waiting.push_back(entry.user_data(id));
+        if let Err(e) = st.feed() {
+            // Nothing of this request reached the kernel unless it is in the ring already;
+            // fail whatever is still waiting (this one included) and report it.
+            fail_waiting(&mut st, &e);
+            return Err(e);
         }
         Ok(())
+    }
+
+    /// The most requests this device keeps in the kernel at once (the ring's completion
+    /// queue size); more wait in user space.
+    #[must_use]
+    pub fn ring_capacity(&self) -> usize {
+        self.shared.ring.lock().cap
     }
 
     /// Reads into a pooled buffer; returns it with where the data starts.

@@ -44,6 +44,16 @@ pub fn make_loop(tag: &str, mib: u64, sector_size: u32) -> Result<Loop, String> 
 
 /// A loop device over a file of exactly `bytes` bytes.
 pub fn make_loop_bytes(tag: &str, bytes: u64, sector_size: u32) -> Result<Loop, String> {
+    make_loop_with(tag, bytes, sector_size, false)
+}
+
+/// A loop device over a file of exactly `bytes` bytes, with `--direct-io=on` if `direct`.
+pub fn make_loop_with(
+    tag: &str,
+    bytes: u64,
+    sector_size: u32,
+    direct: bool,
+) -> Result<Loop, String> {
     let file =
         std::env::temp_dir().join(format!("tagstripe-loop-{}-{tag}.img", std::process::id()));
     let f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
@@ -55,6 +65,11 @@ pub fn make_loop_bytes(tag: &str, bytes: u64, sector_size: u32) -> Result<Loop, 
             "--show",
             "--sector-size",
             &sector_size.to_string(),
+            if direct {
+                "--direct-io=on"
+            } else {
+                "--direct-io=off"
+            },
         ])
         .arg(&file)
         .output()
