@@ -19,8 +19,9 @@ pub(crate) struct BenchArgs {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
-    /// A bulk writer and an interactive reader under each scheduler (reference/scheduling.md
-    /// §5): unloaded, fifo, cam1998, maxtags2, deadline and tagstripe.
+    /// A bulk writer and an interactive reader: live on a striped volume (fairness off and
+    /// on), or with --sim on a disk model under each scheduler (unloaded, fifo, cam1998,
+    /// maxtags2, deadline and tagstripe).
     Fairness(FairnessArgs),
     /// Throughput and latency of one workload on a striped volume.
     Throughput(crate::story::ThroughputArgs),
@@ -59,6 +60,10 @@ pub(crate) struct FairnessArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Live run: open files and block devices through the page cache (default: O_DIRECT,
+    /// as fio's --direct=1).
+    #[arg(long)]
+    buffered: bool,
 }
 
 fn parse_profile(s: &str) -> Result<Profile, String> {
@@ -89,6 +94,7 @@ fn fairness(args: &FairnessArgs) -> ExitCode {
             args.interleave,
             args.live_seconds,
             args.json,
+            args.buffered,
         );
     }
     let r = sim::report(args.profile, args.seconds, args.seed);

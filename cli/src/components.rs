@@ -82,3 +82,39 @@ pub(crate) async fn open_all(
     }
     Ok(out)
 }
+
+/// Whether a component spec names a file or block device (where `O_DIRECT` applies).
+fn is_path(spec: &str) -> bool {
+    !(spec.starts_with("sim:") || spec.starts_with("nbd://") || spec.starts_with("nbd+unix://"))
+}
+
+/// Opens every component for a benchmark: files and block devices with `O_DIRECT` unless
+/// `buffered` (as fio's `--direct=1`), so the page cache is not what gets measured. A file
+/// whose filesystem refuses `O_DIRECT` (tmpfs) is opened buffered, with a note on stderr.
+/// Returns the devices and whether every file or block device among them is direct.
+pub(crate) async fn open_all_for_bench(
+    specs: &[String],
+    read_only: bool,
+    buffered: bool,
+) -> Result<(Vec<Arc<dyn BlockDevice>>, bool), String> {
+    let mut out = Vec::with_capacity(specs.len());
+    let mut all_direct = !buffered;
+    for s in specs {
+        let o = OpenOptions {
+            read_only,
+            direct: !buffered && is_path(s),
+        };
+        let d = match open(s, o).await {
+            Ok(d) => d,
+            Err(e) if o.direct => {
+                let d = open(s, OpenOptions { direct: false, ..o }).await?;
+                eprintln!("note: {s}: O_DIRECT refused ({e}); opened buffered");
+                all_direct = false;
+                d
+            }
+            Err(e) => return Err(e),
+        };
+        out.push(d);
+    }
+    Ok((out, all_direct))
+}

@@ -53,6 +53,10 @@ pub(crate) struct RunArgs {
     /// Runtime threads (1: everything on one thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     threads: u64,
+    /// Open files and block devices through the page cache (default: O_DIRECT, as fio's
+    /// --direct=1).
+    #[arg(long)]
+    buffered: bool,
 }
 
 /// Progress on stderr: a bar where stderr is a terminal (feature `extras`), plain lines
@@ -356,17 +360,31 @@ pub(crate) fn run(a: &RunArgs) -> ExitCode {
 /// Components, their names, and whether they are open with O_DIRECT.
 type Opened = (Vec<Arc<dyn BlockDevice>>, Vec<String>, bool);
 
-/// Opens 4 temporary files of `size` bytes, O_DIRECT if the filesystem allows it.
-fn temp_components(t: &TempFiles, size: u64) -> Result<Opened, String> {
+/// Makes a file of `size` bytes with every block written (and synced), so reads measure the
+/// device rather than the filesystem answering holes with zeros.
+fn write_through(p: &std::path::Path, size: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(p)?;
+    let block = vec![0x5au8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()
+}
+
+/// Opens 4 temporary files of `size` bytes (written through), O_DIRECT if the filesystem
+/// allows it.
+fn temp_components(t: &TempFiles, size: u64, want_direct: bool) -> Result<Opened, String> {
     std::fs::create_dir_all(&t.dir).map_err(|e| format!("{}: {e}", t.dir.display()))?;
     let mut comps: Vec<Arc<dyn BlockDevice>> = Vec::new();
     let mut names = Vec::new();
-    let mut direct = true;
+    let mut direct = want_direct;
     for i in 0..4 {
         let p = t.dir.join(format!("c{i}.img"));
-        std::fs::File::create(&p)
-            .and_then(|f| f.set_len(size))
-            .map_err(|e| format!("{}: {e}", p.display()))?;
+        write_through(&p, size).map_err(|e| format!("{}: {e}", p.display()))?;
         let open = |direct| {
             components::open_file(
                 &p,
@@ -393,13 +411,13 @@ fn temp_components(t: &TempFiles, size: u64) -> Result<Opened, String> {
 async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
     let phase = |p: &str| a.phases.is_empty() || a.phases.iter().any(|x| x == p);
     let (comps, names, direct) = if a.components.is_empty() {
-        match temp_components(temp, size) {
+        match temp_components(temp, size, !a.buffered) {
             Ok(x) => x,
             Err(e) => return crate::fail("bench", "open", &e, a.json),
         }
     } else {
-        match components::open_all(&a.components, OpenOptions::default()).await {
-            Ok(c) => (c, a.components.clone(), false),
+        match components::open_all_for_bench(&a.components, false, a.buffered).await {
+            Ok((c, direct)) => (c, a.components.clone(), direct),
             Err(e) => return crate::fail("bench", "open", &e, a.json),
         }
     };
@@ -682,6 +700,7 @@ async fn live_fairness(
             *w = v.component_stats().to_vec();
         }
         let total = v.info().sectors;
+        let trace = ShapeTrace::start(v.queues());
         let v: Arc<dyn BlockDevice> = v;
         let reader = Load {
             op: Op::RandRead,
@@ -713,6 +732,7 @@ async fn live_fairness(
         } else {
             (load::run(Arc::clone(&v), reader).await, Outcome::default())
         };
+        let shaping = trace.finish().await;
         let ms = |p| round(i.lat_us(p) / 1e3, 2);
         if text {
             let bulk_mb = if with_bulk {
@@ -729,13 +749,121 @@ async fn live_fairness(
                 bulk_mb
             );
         }
-        live.push(json!({
+        let mut run = json!({
             "run": label,
             "interactive": {"p50_ms": ms(0.5), "p99_ms": ms(0.99), "max_ms": ms(1.0), "reads": i.ops},
             "bulk_mb_s": if with_bulk { round(b.mb_s(), 2) } else { 0.0 },
-        }));
+        });
+        if queue && with_bulk {
+            if text {
+                outln!("{:<26} {}", "  bulk shaping", shaping.line());
+            }
+            run["bulk_shaping"] = shaping.json();
+        }
+        live.push(run);
     }
     Ok(Value::Array(live))
+}
+
+/// How the queues shaped bulk during a live run: samples of bulk's depth at each
+/// component (commands at the device), its piece size and budget, every 2 ms, and the
+/// controller's changes (the queues' `Shaped` events).
+struct ShapeTrace {
+    stop: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<ShapeSamples>,
+}
+
+#[derive(Default)]
+struct ShapeSamples {
+    depth: Vec<u64>,
+    piece_kib: Vec<u64>,
+    budget_kib: Vec<u64>,
+    target_us: Vec<u64>,
+    changes: u64,
+}
+
+impl ShapeTrace {
+    fn start(queues: &[tagstripe::QueueHandle]) -> Self {
+        let queues = queues.to_vec();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut out = ShapeSamples::default();
+            let mut events: Vec<_> = queues.iter().map(|q| q.subscribe()).collect();
+            let mut tick = tokio::time::interval(Duration::from_millis(2));
+            loop {
+                tokio::select! {
+                    _ = stopped.notified() => break,
+                    _ = tick.tick() => {}
+                }
+                for (q, rx) in queues.iter().zip(events.iter_mut()) {
+                    while let Ok(e) = rx.try_recv() {
+                        if matches!(e, tagstripe::scheduler::Event::Shaped(_)) {
+                            out.changes += 1;
+                        }
+                    }
+                    out.depth.push(u64::from(q.active(IoClass::Bulk)));
+                    if let Some(s) = q.shape() {
+                        out.piece_kib.push(s.piece_sectors / 2);
+                        out.budget_kib.push(s.budget_sectors / 2);
+                        out.target_us.push(s.target_ns / 1000);
+                    }
+                }
+            }
+            out
+        });
+        Self { stop, task }
+    }
+
+    async fn finish(self) -> ShapeSamples {
+        self.stop.notify_one();
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// Minimum, median and maximum of samples.
+fn spread(v: &mut [u64]) -> (u64, u64, u64) {
+    v.sort_unstable();
+    match (v.first(), v.get(v.len() / 2), v.last()) {
+        (Some(&a), Some(&m), Some(&z)) => (a, m, z),
+        _ => (0, 0, 0),
+    }
+}
+
+impl ShapeSamples {
+    fn json(mut self) -> Value {
+        let f = |v: &mut Vec<u64>| {
+            let (min, median, max) = spread(v);
+            json!({"min": min, "median": median, "max": max})
+        };
+        json!({
+            "depth": f(&mut self.depth),
+            "piece_kib": f(&mut self.piece_kib),
+            "budget_kib": f(&mut self.budget_kib),
+            "target_us": f(&mut self.target_us),
+            "changes": self.changes,
+            "samples": self.depth.len(),
+        })
+    }
+
+    fn line(&self) -> String {
+        let (mut d, mut p, mut b) = (
+            self.depth.clone(),
+            self.piece_kib.clone(),
+            self.budget_kib.clone(),
+        );
+        let mut t = self.target_us.clone();
+        let (d, p, b, t) = (
+            spread(&mut d),
+            spread(&mut p),
+            spread(&mut b),
+            spread(&mut t),
+        );
+        format!(
+            "depth {}/{}/{}, piece {}/{}/{} KiB, budget {}/{}/{} KiB, target {}/{}/{} us (min/median/max), {} changes",
+            d.0, d.1, d.2, p.0, p.1, p.2, b.0, b.1, b.2, t.0, t.1, t.2, self.changes
+        )
+    }
 }
 
 /// `tagstripe bench fairness` without `--sim`: the live story on a volume over `components`
@@ -745,6 +873,7 @@ pub(crate) fn fairness_live(
     interleave: u64,
     secs: f64,
     json: bool,
+    buffered: bool,
 ) -> ExitCode {
     let rt = match runtime(1) {
         Ok(rt) => rt,
@@ -755,12 +884,19 @@ pub(crate) fn fairness_live(
     };
     let code = rt.block_on(async {
         let run = async {
-            let (comps, _, _) = if components.is_empty() {
-                temp_components(&temp, 256 << 20)?
+            let (comps, _, direct) = if components.is_empty() {
+                temp_components(&temp, 256 << 20, !buffered)?
             } else {
-                let c = components::open_all(components, OpenOptions::default()).await?;
-                (c, components.to_vec(), false)
+                let (c, direct) =
+                    components::open_all_for_bench(components, false, buffered).await?;
+                (c, components.to_vec(), direct)
             };
+            if !json {
+                outln!(
+                    "components: {}",
+                    if direct { "O_DIRECT" } else { "buffered (page cache)" }
+                );
+            }
             let progress = Progress::new(3);
             let live = live_fairness(
                 &comps,
@@ -772,13 +908,13 @@ pub(crate) fn fairness_live(
             )
             .await;
             progress.finish();
-            live
+            live.map(|l| (l, direct))
         };
         tokio::select! {
             r = run => match r {
-                Ok(live) => {
+                Ok((live, direct)) => {
                     if json {
-                        outln!("{}", json!({"live": live, "seconds": secs, "interleave": interleave}));
+                        outln!("{}", json!({"live": live, "seconds": secs, "interleave": interleave, "direct": direct}));
                     }
                     ExitCode::SUCCESS
                 }

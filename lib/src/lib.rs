@@ -38,7 +38,7 @@ pub use backend::{
 };
 pub use device::{BlockDevice, DeviceInfo, IoOpts};
 pub use error::{Error, Result};
-pub use layers::{Queue, Split, Striped};
+pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{Volume, VolumeBuilder};
 

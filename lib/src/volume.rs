@@ -9,7 +9,7 @@ use tagstripe_scheduler::{Fair, FairConfig};
 use tagstripe_striping::{Flavor, Geometry};
 
 use crate::stats::{OpKind, Stats};
-use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, Result, Split, Striped};
+use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, QueueHandle, Result, Split, Striped};
 
 /// Builds a [`Volume`].
 ///
@@ -137,12 +137,14 @@ impl VolumeBuilder {
             .build()?;
         let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(self.components.len());
         let mut component_stats = Vec::new();
+        let mut queues = Vec::new();
         for c in self.components {
             let info = c.info();
             let applied = self.quirks.apply(&info.identity, &info.limits)?;
             let dev: Arc<dyn BlockDevice> = if self.queue {
                 let queue = Queue::with_policy(c, Box::new(Fair::new(self.fair)));
                 component_stats.push(queue.stats_handle());
+                queues.push(queue.handle());
                 Arc::new(Split::new(queue, &applied, self.mod15)?)
             } else {
                 Arc::new(Split::new(c, &applied, self.mod15)?)
@@ -154,6 +156,7 @@ impl VolumeBuilder {
             striped,
             stats: Stats::default(),
             component_stats,
+            queues,
         })
     }
 }
@@ -165,6 +168,7 @@ pub struct Volume {
     striped: Striped,
     stats: Stats,
     component_stats: Vec<Arc<Stats>>,
+    queues: Vec<QueueHandle>,
 }
 
 impl Volume {
@@ -203,6 +207,25 @@ impl Volume {
     #[must_use]
     pub fn component_stats(&self) -> &[Arc<Stats>] {
         &self.component_stats
+    }
+
+    /// Each component's tagged queue, in component order (empty if the volume was built
+    /// with `.queue(false)`): openings, what is in flight, how bulk is shaped, events.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tagstripe::{BlockDevice, MemDevice, Volume};
+    /// let comps: Vec<Arc<dyn BlockDevice>> =
+    ///     vec![Arc::new(MemDevice::new("a", 1024)), Arc::new(MemDevice::new("b", 1024))];
+    /// let vol = Volume::builder(comps).interleave(16).build()?;
+    /// assert_eq!(vol.queues().len(), 2);
+    /// vol.queues()[1].set_openings(4); // camcontrol tags -N 4, on component 1
+    /// assert_eq!(vol.queues()[1].openings(), 4);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// ```
+    #[must_use]
+    pub fn queues(&self) -> &[QueueHandle] {
+        &self.queues
     }
 
     /// The components dropped from a mirror after failing a write (their data is stale);

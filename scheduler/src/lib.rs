@@ -37,7 +37,7 @@ pub use disk::{
 };
 pub use error::Error;
 pub use policy::{
-    Choice, Deadline, Fair, FairConfig, Fifo, Head, PeriodicOrdered, Policy, Release, View,
+    Choice, Deadline, Fair, FairConfig, Fifo, Head, PeriodicOrdered, Policy, Release, Shape, View,
 };
 pub use queue::{QueueConfig, TagQueue};
 pub use rng::Rng;

@@ -12,6 +12,8 @@ pub struct Head {
     pub submitted: Nanos,
     /// Read or write.
     pub dir: Dir,
+    /// Its size in sectors (0 if unknown).
+    pub sectors: u64,
 }
 
 /// What a policy sees when asked to choose.
@@ -87,6 +89,19 @@ pub trait Policy: std::fmt::Debug {
 
     /// A dispatched request came back.
     fn on_release(&mut self, _now: Nanos, _meta: &Meta, _kind: TagKind, _how: Release) {}
+
+    /// The largest piece, in sectors, a request with `meta` submitted now should be cut into
+    /// (smaller pieces wait less behind each other), or `None` for no limit. The queue does
+    /// not cut requests itself: the layer that submits them does.
+    fn piece_limit(&self, _now: Nanos, _meta: &Meta) -> Option<u64> {
+        None
+    }
+
+    /// How the policy shapes bulk I/O now, if it does ([`crate::Event::Shaped`] reports
+    /// changes).
+    fn shape(&self) -> Option<Shape> {
+        None
+    }
 }
 
 impl<P: Policy + ?Sized> Policy for Box<P> {
@@ -104,6 +119,12 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn on_release(&mut self, now: Nanos, meta: &Meta, kind: TagKind, how: Release) {
         (**self).on_release(now, meta, kind, how);
+    }
+    fn piece_limit(&self, now: Nanos, meta: &Meta) -> Option<u64> {
+        (**self).piece_limit(now, meta)
+    }
+    fn shape(&self) -> Option<Shape> {
+        (**self).shape()
     }
 }
 
@@ -241,73 +262,157 @@ impl Policy for Deadline {
     }
 }
 
+/// How [`Fair`] shapes bulk I/O at a moment: what its latency controller has settled on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Bulk sectors allowed at the device at once (one request always may go).
+    pub budget_sectors: u64,
+    /// The largest bulk piece, in sectors, while shaping.
+    pub piece_sectors: u64,
+    /// The interactive latency at the device the controller holds bulk to.
+    pub target_ns: Nanos,
+    /// Interactive latency at the device with no bulk there (learned), if known.
+    pub baseline_ns: Option<Nanos>,
+}
+
 /// Settings of [`Fair`], tagstripe's policy.
+///
+/// Bulk is shaped only while interactive I/O is active, by a latency controller in the manner
+/// of Kyber and io.latency: interactive completions are gathered in windows; when a window's
+/// p90 latency at the device is above the target, bulk's budget of sectors at the device is
+/// halved, and when it is well below and bulk wanted more, the budget grows by a quarter.
+/// Bulk pieces are a quarter of the budget (Linux's `max_sectors_kb` lesson: smaller pieces
+/// wait less behind each other). The target is a multiple of the interactive latency seen
+/// with no bulk at the device, which the controller learns by itself and refreshes by holding
+/// bulk back briefly when it has not seen such a sample for a while, so it needs to know
+/// nothing of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FairConfig {
     /// Tags kept free for interactive requests while interactive I/O is active.
     pub reserved: u32,
-    /// The fewest device tags bulk may hold while interactive I/O is active.
-    pub bulk_min: u32,
-    /// The most device tags bulk may hold while interactive I/O is active.
-    pub bulk_max: u32,
-    /// Interactive time at the device above which bulk's share halves.
+    /// A fixed interactive latency target at the device; 0 (the default) learns it as
+    /// `target_percent` of the unloaded latency.
     pub target: Nanos,
+    /// The learned target as a percentage of the unloaded interactive latency.
+    pub target_percent: u32,
+    /// The learned target is never below this.
+    pub target_floor: Nanos,
+    /// Interactive completions per control window.
+    pub window: u32,
+    /// A window closes after this long if it holds at least 4 completions.
+    pub window_time: Nanos,
+    /// Bulk's budget of sectors at the device when shaping starts.
+    pub budget_start: u64,
+    /// The smallest budget (one bulk request may always go, whatever its size).
+    pub budget_min: u64,
+    /// The largest budget.
+    pub budget_max: u64,
+    /// The smallest bulk piece while shaping, in sectors.
+    pub piece_min: u64,
+    /// The largest bulk piece while shaping, in sectors.
+    pub piece_max: u64,
+    /// How often bulk is held back briefly to sample interactive latency with the device
+    /// quiet (the baseline; BBR's ProbeRTT idea).
+    pub probe_every: Nanos,
+    /// How long the device must have been free of bulk before an interactive request that
+    /// goes then counts as unloaded (a device may go on working after it answers).
+    pub probe_quiet: Nanos,
+    /// The longest hold of a probe.
+    pub probe_max: Nanos,
+    /// Unloaded samples a probe takes before bulk goes again.
+    pub probe_samples: u32,
+    /// Bulk is held back (while an interactive request is at the device, during a probe or
+    /// an anticipation) at most this share, in percent, of any `hold_period`: under a
+    /// constant stream of interactive requests bulk still gets the device's time.
+    pub hold_percent: u32,
+    /// The period of `hold_percent`.
+    pub hold_period: Nanos,
     /// An interactive command at the device longer than this makes the next bulk command
     /// ordered (da(4)'s barrier, driven by latency instead of a 15 s timer).
     pub age: Nanos,
     /// Interactive I/O counts as active this long after its last request.
     pub idle_after: Nanos,
-    /// Bulk tags allowed while an interactive request is queued or at the device (0: bulk
-    /// waits, as BFQ idles for a synchronous reader).
-    pub bulk_in_flight: u32,
-    /// After an interactive request completes, bulk keeps to `bulk_in_flight` this long
-    /// more, so a reader's next dependent request finds the device free (BFQ's
-    /// `slice_idle` idea; a login is a chain of such reads).
+    /// The longest wait for an interactive reader's next request after one completes (BFQ's
+    /// `slice_idle`): bulk is held that long only while the reader's measured think time is
+    /// shorter than both this and its requests' time at the device, as in a chain of
+    /// dependent reads (a login); a reader that thinks longer is not waited for.
     pub anticipate: Nanos,
     /// Per-class deadlines: a head older than its class's deadline goes before
     /// higher classes (no class starves). Indexed by [`IoClass::index`].
     pub deadlines: [Nanos; 4],
-    /// After bulk's limit was cut, it may grow back only to one below the value that was
-    /// too many; that ceiling rises by one tag per `probe` (a slow probe of the device).
-    pub probe: Nanos,
 }
 
 impl Default for FairConfig {
     fn default() -> Self {
         Self {
             reserved: 1,
-            bulk_min: 1,
-            bulk_max: 16,
-            target: 50_000_000,
+            target: 0,
+            target_percent: 400,
+            target_floor: 50_000,
+            window: 64,
+            window_time: 100_000_000,
+            budget_start: 2048,
+            budget_min: 8,
+            budget_max: 32768,
+            piece_min: 128,
+            piece_max: 2048,
+            probe_every: 500_000_000,
+            probe_quiet: 1_000_000,
+            probe_max: 10_000_000,
+            probe_samples: 2,
+            hold_percent: 50,
+            hold_period: 100_000_000,
             age: 200_000_000,
             idle_after: 5_000_000_000,
-            bulk_in_flight: 0,
             anticipate: 2_000_000,
             deadlines: [0, 500_000_000, 2_000_000_000, 10_000_000_000],
-            probe: 30_000_000_000,
         }
     }
 }
 
-/// tagstripe's policy: interactive first, with reserved tags; bulk's share of the device's
-/// tag window is bounded (adaptively, from interactive latency at the device) while
-/// interactive I/O is active and unbounded when it is not (work-conserving); per-class
-/// deadlines age requests so no class starves; and an interactive command waiting too long
-/// at the device makes the next bulk command ordered.
+/// tagstripe's policy: interactive first, with reserved tags; while interactive I/O is
+/// active, bulk's sectors at the device and its piece size are shaped by a latency controller
+/// (see [`FairConfig`]), and when it is not, bulk runs free (work-conserving); per-class
+/// deadlines age requests so no class starves; an interactive command waiting too long at the
+/// device makes the next bulk command ordered.
 ///
 /// ```
 /// use tagstripe_scheduler::{Fair, FairConfig, Policy};
 /// let p = Fair::new(FairConfig::default());
 /// assert_eq!(p.name(), "tagstripe");
-/// assert_eq!(p.bulk_limit(), 1);
+/// let shape = p.shape().unwrap();
+/// assert_eq!(shape.budget_sectors, 2048);
+/// assert_eq!(shape.baseline_ns, None, "no interactive I/O seen yet");
 /// ```
 #[derive(Clone, Debug)]
 pub struct Fair {
     cfg: FairConfig,
-    bulk_limit: u32,
-    ceiling: u32,
-    ceiling_since: Nanos,
-    good: u32,
+    /// Bulk sectors at the device.
+    bulk_sectors: u64,
+    /// Interactive requests submitted and not yet back.
+    interactive_out: u32,
+    /// For each interactive command at the device, in dispatch order: whether it went to a
+    /// quiet device (an unloaded sample).
+    quiet: std::collections::VecDeque<bool>,
+    /// The last unloaded samples (the baseline is their median).
+    unloaded: std::collections::VecDeque<Nanos>,
+    /// The fastest interactive completion lately, standing in until unloaded samples exist.
+    fastest: Option<Nanos>,
+    last_bulk_done: Option<Nanos>,
+    probe_since: Option<Nanos>,
+    probe_taken: u32,
+    next_probe: Nanos,
+    /// Since when bulk has been held back, the time held in this period, and its start.
+    held_since: Option<Nanos>,
+    held: Nanos,
+    period_start: Nanos,
+    window: Vec<Nanos>,
+    window_start: Nanos,
+    /// Bulk was held back by the budget during this window (so growing it is tested).
+    bulk_wanted: bool,
+    budget: u64,
+    piece: u64,
+    think: Option<Nanos>,
     last_interactive: Option<Nanos>,
     last_interactive_done: Option<Nanos>,
     barrier_out: bool,
@@ -317,32 +422,185 @@ impl Fair {
     /// A policy with these settings.
     #[must_use]
     pub fn new(cfg: FairConfig) -> Self {
+        let budget = cfg
+            .budget_start
+            .clamp(cfg.budget_min.max(1), cfg.budget_max.max(1));
         Self {
-            bulk_limit: cfg.bulk_min.max(1),
-            ceiling: cfg.bulk_max.max(1),
-            ceiling_since: 0,
+            piece: piece_for(&cfg, budget),
+            budget,
             cfg,
-            good: 0,
+            bulk_sectors: 0,
+            interactive_out: 0,
+            quiet: std::collections::VecDeque::new(),
+            unloaded: std::collections::VecDeque::new(),
+            fastest: None,
+            last_bulk_done: None,
+            probe_since: None,
+            probe_taken: 0,
+            next_probe: 0,
+            held_since: None,
+            held: 0,
+            period_start: 0,
+            window: Vec::new(),
+            window_start: 0,
+            bulk_wanted: false,
+            think: None,
             last_interactive: None,
             last_interactive_done: None,
             barrier_out: false,
         }
     }
 
-    /// Bulk's current tag limit while interactive I/O is active.
+    /// The settings.
     #[must_use]
-    pub fn bulk_limit(&self) -> u32 {
-        self.bulk_limit
+    pub fn config(&self) -> &FairConfig {
+        &self.cfg
     }
 
-    fn interactive_active(&self, view: &View) -> bool {
-        let i = IoClass::Interactive.index();
-        view.pending[i] > 0
-            || view.active[i] > 0
+    /// Bulk's current budget of sectors at the device while interactive I/O is active.
+    #[must_use]
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The interactive latency target at the device now.
+    #[must_use]
+    pub fn target(&self) -> Nanos {
+        if self.cfg.target > 0 {
+            return self.cfg.target;
+        }
+        let base = self.baseline().unwrap_or(0);
+        (base.saturating_mul(u64::from(self.cfg.target_percent)) / 100).max(self.cfg.target_floor)
+    }
+
+    /// Interactive latency at the device with no bulk there: the median of the last
+    /// unloaded samples (or, before there are any, the fastest completion seen).
+    #[must_use]
+    pub fn baseline(&self) -> Option<Nanos> {
+        if self.unloaded.is_empty() {
+            return self.fastest;
+        }
+        let mut v: Vec<Nanos> = self.unloaded.iter().copied().collect();
+        v.sort_unstable();
+        Some(v[v.len() / 2])
+    }
+
+    /// Whether bulk may be held back now: not past its share of this period.
+    fn may_hold(&mut self, now: Nanos) -> bool {
+        self.roll_period(now);
+        let since = *self.held_since.get_or_insert(now);
+        let held = self.held.saturating_add(now.saturating_sub(since));
+        let cap = self.cfg.hold_period / 100 * u64::from(self.cfg.hold_percent.min(100));
+        held < cap
+    }
+
+    /// Bulk went (or has nothing to send): a hold in progress ends.
+    fn end_hold(&mut self, now: Nanos) {
+        self.roll_period(now);
+        if let Some(since) = self.held_since.take() {
+            self.held = self.held.saturating_add(now.saturating_sub(since));
+        }
+    }
+
+    fn roll_period(&mut self, now: Nanos) {
+        if now.saturating_sub(self.period_start) >= self.cfg.hold_period.max(1) {
+            self.period_start = now;
+            self.held = 0;
+            if self.held_since.is_some() {
+                self.held_since = Some(now);
+            }
+        }
+    }
+
+    /// Whether a probe holds bulk back now; starts one when it is due.
+    fn probing(&mut self, now: Nanos) -> bool {
+        if let Some(since) = self.probe_since {
+            if now.saturating_sub(since) < self.cfg.probe_max
+                && self.probe_taken < self.cfg.probe_samples.max(1)
+            {
+                return true;
+            }
+            self.probe_since = None;
+            self.next_probe = now.saturating_add(self.cfg.probe_every);
+            return false;
+        }
+        if now >= self.next_probe {
+            self.probe_since = Some(now);
+            self.probe_taken = 0;
+            return true;
+        }
+        false
+    }
+
+    fn active_at(&self, now: Nanos) -> bool {
+        self.interactive_out > 0
             || self
                 .last_interactive
-                .is_some_and(|t| view.now.saturating_sub(t) < self.cfg.idle_after)
+                .is_some_and(|t| now.saturating_sub(t) < self.cfg.idle_after)
     }
+
+    /// Until when bulk waits for a dependent interactive request, if it does now.
+    fn anticipating(&self, now: Nanos) -> Option<Nanos> {
+        let done = self.last_interactive_done?;
+        let think = self.think.unwrap_or(0);
+        let service = self.baseline().unwrap_or(Nanos::MAX);
+        if think >= self.cfg.anticipate || think >= service {
+            return None;
+        }
+        Some(done.saturating_add(self.cfg.anticipate)).filter(|&t| t > now)
+    }
+
+    /// Closes the window: cut the budget if interactive latency is above target, grow it if
+    /// well below and bulk wanted more.
+    fn evaluate(&mut self, now: Nanos) {
+        let n = self.window.len();
+        self.window_start = now;
+        if n == 0 {
+            return;
+        }
+        self.window.sort_unstable();
+        // The window's tail: its second slowest completion (p97 of 64), or its slowest if
+        // it holds fewer than 32.
+        let tail = self.window[if n >= 32 { n - 2 } else { n - 1 }];
+        self.window.clear();
+        let target = self.target().max(1);
+        let (min, max) = (self.cfg.budget_min.max(1), self.cfg.budget_max.max(1));
+        if tail > target {
+            // Cut in proportion to the overshoot, by half at most.
+            let keep = (u128::from(self.budget) * u128::from(target) / u128::from(tail))
+                .max(u128::from(self.budget / 2));
+            self.budget = u64::try_from(keep).unwrap_or(u64::MAX).max(min);
+        } else if tail.saturating_mul(10) < target.saturating_mul(8) && self.bulk_wanted {
+            let step = (self.budget / 8).max(self.cfg.piece_min.max(1));
+            self.budget = self.budget.saturating_add(step).min(max);
+        }
+        self.bulk_wanted = false;
+        self.piece = piece_for(&self.cfg, self.budget);
+    }
+
+    /// Whether the head of bulk (`sectors` long) may go to the device now, interactive I/O
+    /// being active.
+    fn bulk_may_go(&mut self, now: Nanos, sectors: u64, interactive_at_device: bool) -> bool {
+        // CAM's lesson: a device that reorders serves the bulk it is fed before a read it
+        // already holds, so none is fed while a read is there (it is there briefly).
+        let hold = interactive_at_device || self.anticipating(now).is_some() || self.probing(now);
+        if !hold {
+            self.end_hold(now);
+        } else if self.may_hold(now) {
+            return false;
+        }
+        if self.bulk_sectors > 0 && self.bulk_sectors.saturating_add(sectors) > self.budget {
+            self.bulk_wanted = true;
+            return false;
+        }
+        true
+    }
+}
+
+/// Bulk pieces while shaping: a quarter of the budget, within the configured bounds.
+fn piece_for(cfg: &FairConfig, budget: u64) -> u64 {
+    let lo = cfg.piece_min.max(1);
+    (budget / 4).clamp(lo, cfg.piece_max.max(lo))
 }
 
 impl Policy for Fair {
@@ -377,14 +635,8 @@ impl Policy for Fair {
                 promote: (lower_at_device > 0).then_some(TagKind::HeadOfQueue),
             };
         }
-        let active = self.interactive_active(view);
         let i = IoClass::Interactive.index();
-        let anticipating = self
-            .last_interactive_done
-            .map(|t| t.saturating_add(self.cfg.anticipate))
-            .filter(|&t| t > now);
-        let in_flight = view.pending[i] > 0 || view.active[i] > 0 || anticipating.is_some();
-        let others: u32 = view.active[1..].iter().sum();
+        let active = self.active_at(now) || view.pending[i] > 0 || view.active[i] > 0;
         let room = if active {
             view.openings
                 .saturating_sub(self.cfg.reserved.min(view.openings.saturating_sub(1)))
@@ -395,16 +647,18 @@ impl Policy for Fair {
             .oldest_interactive_at_device
             .is_some_and(|t| now.saturating_sub(t) >= self.cfg.age);
         for class in [IoClass::BestEffort, IoClass::Bulk, IoClass::Idle] {
-            if view.heads[class.index()].is_none() || others >= room {
+            let Some(head) = view.heads[class.index()] else {
                 continue;
-            }
-            let limit = match class {
-                IoClass::Bulk if in_flight => self.cfg.bulk_in_flight,
-                IoClass::Bulk if active => self.bulk_limit,
-                IoClass::Idle if active || view.pending[..3].iter().any(|&n| n > 0) => 0,
-                _ => u32::MAX,
             };
-            if view.active[class.index()] >= limit {
+            if lower_at_device >= room {
+                break;
+            }
+            let may = match class {
+                IoClass::Bulk if active => self.bulk_may_go(now, head.sectors, view.active[i] > 0),
+                IoClass::Idle => !active && view.pending[..3].iter().all(|&n| n == 0),
+                _ => true,
+            };
+            if !may {
                 continue;
             }
             let ordered = starving && !self.barrier_out;
@@ -416,7 +670,8 @@ impl Policy for Fair {
                 promote: ordered.then_some(TagKind::Ordered),
             };
         }
-        // Nothing may go now: ask again when a deadline or the idle window passes.
+        // Nothing may go now: ask again when a deadline, the anticipation or the idle window
+        // passes.
         let deadline = IoClass::ALL[1..]
             .iter()
             .filter_map(|&c| {
@@ -428,16 +683,66 @@ impl Policy for Fair {
             .last_interactive
             .map(|t| t.saturating_add(self.cfg.idle_after))
             .filter(|&t| t > now);
-        let until = [deadline, idle_end, anticipating]
-            .into_iter()
-            .flatten()
-            .min();
+        let probe_end = self
+            .probe_since
+            .map(|t| t.saturating_add(self.cfg.probe_max))
+            .filter(|&t| t > now);
+        if view.heads[IoClass::Bulk.index()].is_none() {
+            self.end_hold(now);
+        }
+        let cap = self.cfg.hold_period / 100 * u64::from(self.cfg.hold_percent.min(100));
+        let hold_end = self
+            .held_since
+            .map(|since| since.saturating_add(cap.saturating_sub(self.held)))
+            .filter(|&t| t > now);
+        let until = [
+            deadline,
+            idle_end,
+            self.anticipating(now),
+            probe_end,
+            hold_end,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         Choice::Wait { until }
     }
 
     fn on_submit(&mut self, now: Nanos, meta: &Meta) {
         if meta.class == IoClass::Interactive {
+            if self.interactive_out == 0 {
+                // Think time: from the last completion to this request, with none out.
+                if let Some(done) = self.last_interactive_done {
+                    let t = now.saturating_sub(done);
+                    self.think = Some(match self.think {
+                        Some(old) => (old * 7 + t) / 8,
+                        None => t,
+                    });
+                }
+            }
+            if !self.active_at(now) {
+                self.window.clear();
+                self.window_start = now;
+            }
+            self.interactive_out += 1;
             self.last_interactive = Some(now);
+        }
+    }
+
+    fn on_dispatch(&mut self, now: Nanos, meta: &Meta, _kind: TagKind) {
+        match meta.class {
+            IoClass::Bulk => {
+                self.bulk_sectors = self.bulk_sectors.saturating_add(meta.sectors.max(1));
+                self.end_hold(now);
+            }
+            IoClass::Interactive => {
+                let quiet = self.bulk_sectors == 0
+                    && self
+                        .last_bulk_done
+                        .is_none_or(|t| now.saturating_sub(t) >= self.cfg.probe_quiet);
+                self.quiet.push_back(quiet);
+            }
+            _ => {}
         }
     }
 
@@ -445,33 +750,56 @@ impl Policy for Fair {
         if kind == TagKind::Ordered && meta.kind != TagKind::Ordered {
             self.barrier_out = false;
         }
-        if meta.class != IoClass::Interactive {
+        match meta.class {
+            IoClass::Bulk => {
+                self.bulk_sectors = self.bulk_sectors.saturating_sub(meta.sectors.max(1));
+                self.last_bulk_done = Some(now);
+                return;
+            }
+            IoClass::Interactive => {}
+            _ => return,
+        }
+        let quiet = self.quiet.pop_front().unwrap_or(false);
+        self.last_interactive = Some(now);
+        if matches!(how, Release::Requeued) {
             return;
         }
-        self.last_interactive = Some(now);
-        if matches!(how, Release::Done { .. } | Release::Failed) {
-            self.last_interactive_done = Some(now);
-        }
-        let floor = self.cfg.bulk_min.max(1);
-        if let Release::Done { device_ns } = how {
-            if device_ns > self.cfg.target {
-                // Too many bulk tags: cut, and remember that this many was too many.
-                self.ceiling = self.bulk_limit.saturating_sub(1).max(floor);
-                self.ceiling_since = now;
-                self.bulk_limit = (self.bulk_limit / 2).max(floor);
-                self.good = 0;
-            } else if device_ns < self.cfg.target / 2 {
-                self.good += 1;
-                let max = self.cfg.bulk_max.max(1);
-                if now.saturating_sub(self.ceiling_since) >= self.cfg.probe && self.ceiling < max {
-                    self.ceiling += 1;
-                    self.ceiling_since = now;
-                }
-                if self.good >= 16 {
-                    self.good = 0;
-                    self.bulk_limit = (self.bulk_limit + 1).min(self.ceiling);
-                }
+        self.interactive_out = self.interactive_out.saturating_sub(1);
+        self.last_interactive_done = Some(now);
+        let Release::Done { device_ns } = how else {
+            return;
+        };
+        if quiet {
+            if self.unloaded.len() >= 8 {
+                self.unloaded.pop_front();
             }
+            self.unloaded.push_back(device_ns);
+            self.probe_taken += 1;
+            if self.probe_since.is_none() {
+                self.next_probe = now.saturating_add(self.cfg.probe_every);
+            }
+        } else if self.unloaded.is_empty() {
+            self.fastest = Some(self.fastest.map_or(device_ns, |m| m.min(device_ns)));
         }
+        self.window.push(device_ns);
+        let n = self.window.len() as u32;
+        if n >= self.cfg.window.max(1)
+            || (n >= 4 && now.saturating_sub(self.window_start) >= self.cfg.window_time)
+        {
+            self.evaluate(now);
+        }
+    }
+
+    fn piece_limit(&self, now: Nanos, meta: &Meta) -> Option<u64> {
+        (meta.class == IoClass::Bulk && self.active_at(now)).then_some(self.piece)
+    }
+
+    fn shape(&self) -> Option<Shape> {
+        Some(Shape {
+            budget_sectors: self.budget,
+            piece_sectors: self.piece,
+            target_ns: self.target(),
+            baseline_ns: self.baseline(),
+        })
     }
 }

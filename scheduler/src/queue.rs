@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::policy::{Choice, Head, Policy, Release, View};
+use crate::policy::{Choice, Head, Policy, Release, Shape, View};
 use crate::{
     Dispatch, Error, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind,
     Ticket,
@@ -98,6 +98,8 @@ pub struct TagQueue<R, P> {
     wait_until: Option<Nanos>,
     drain_for: Option<IoClass>,
     closed: bool,
+    /// The policy's shaping as last reported (budget, piece).
+    last_shape: Option<(u64, u64)>,
 }
 
 impl<R, P: Policy> TagQueue<R, P> {
@@ -128,6 +130,7 @@ impl<R, P: Policy> TagQueue<R, P> {
             wait_until: None,
             drain_for: None,
             closed: false,
+            last_shape: None,
         }
     }
 
@@ -222,6 +225,7 @@ impl<R, P: Policy> TagQueue<R, P> {
                         ticket: p.ticket,
                         submitted: p.submitted,
                         dir: p.meta.dir,
+                        sectors: p.meta.sectors,
                     });
                 }
             }
@@ -331,6 +335,7 @@ impl<R, P: Policy> TagQueue<R, P> {
                     Release::Failed
                 };
                 self.policy.on_release(now, &slot.meta, slot.kind, how);
+                self.note_shape();
                 self.busy_until = None;
                 self.maybe_ramp(now);
             }
@@ -428,6 +433,31 @@ impl<R, P: Policy> TagQueue<R, P> {
             .flat_map(|q| q.iter_mut())
             .find(|p| p.ticket == ticket)
             .map(|p| &mut p.req)
+    }
+
+    /// The largest piece, in sectors, the policy wants a request with `meta` cut into if it
+    /// is submitted now ([`Policy::piece_limit`]); `None` for no limit.
+    #[must_use]
+    pub fn piece_limit(&self, now: Nanos, meta: &Meta) -> Option<u64> {
+        self.policy.piece_limit(now, meta)
+    }
+
+    /// How the policy shapes bulk now ([`Policy::shape`]).
+    #[must_use]
+    pub fn shape(&self) -> Option<Shape> {
+        self.policy.shape()
+    }
+
+    /// Queues an [`Event::Shaped`] if the policy's shaping changed.
+    fn note_shape(&mut self) {
+        let now = self.policy.shape();
+        let key = now.map(|s| (s.budget_sectors, s.piece_sectors));
+        if key != self.last_shape {
+            self.last_shape = key;
+            if let Some(s) = now {
+                self.events.push_back(Event::Shaped(s));
+            }
+        }
     }
 
     /// The policy.

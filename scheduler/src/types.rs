@@ -77,6 +77,9 @@ pub struct Meta {
     pub kind: TagKind,
     /// Read or write.
     pub dir: Dir,
+    /// Its size in sectors (0 if unknown or none, as for a flush). Policies that budget
+    /// bytes at the device read it.
+    pub sectors: u64,
 }
 
 impl Meta {
@@ -93,6 +96,7 @@ impl Meta {
             class,
             kind: TagKind::Simple,
             dir,
+            sectors: 0,
         }
     }
 
@@ -103,7 +107,21 @@ impl Meta {
             class,
             kind: TagKind::Ordered,
             dir: Dir::Write,
+            sectors: 0,
         }
+    }
+
+    /// The same with its size in sectors.
+    ///
+    /// ```
+    /// use tagstripe_scheduler::{Dir, IoClass, Meta};
+    /// let m = Meta::new(IoClass::Bulk, Dir::Write).with_sectors(2048);
+    /// assert_eq!(m.sectors, 2048);
+    /// ```
+    #[must_use]
+    pub fn with_sectors(mut self, sectors: u64) -> Self {
+        self.sectors = sectors;
+        self
     }
 
     /// The same with another tag kind.
@@ -177,6 +195,8 @@ pub enum Event {
         /// The request that carries the ordered tag.
         ticket: Ticket,
     },
+    /// The policy changed how it shapes bulk I/O (see [`crate::Shape`]).
+    Shaped(crate::Shape),
 }
 
 /// Why a submit was refused; the request is given back.

@@ -154,6 +154,10 @@ impl Harness {
                     prop_assert!(openings >= c.min_tags && openings <= c.max_tags);
                 }
                 Event::Barrier { .. } => {}
+                Event::Shaped(shape) => {
+                    prop_assert!(shape.budget_sectors >= 1);
+                    prop_assert!(shape.piece_sectors >= 1);
+                }
             }
         }
         Ok(())

@@ -243,24 +243,52 @@ fn fair_bounds_bulk_while_interactive_is_active_and_is_work_conserving_otherwise
 
     let mut q = TagQueue::new(cfg(64, 2), Fair::new(FairConfig::default()));
     let r = q.submit(0, 1000, read()).unwrap();
+    let piece = bulk().with_sectors(128);
     for i in 0..100 {
-        q.submit(0, i, bulk()).unwrap();
+        q.submit(0, i, piece).unwrap();
     }
     let d = drain(&mut q, 0);
     assert_eq!(d[0].ticket, r, "interactive first");
     assert_eq!(
         d.len(),
         1,
-        "bulk waits while the interactive read is in flight"
+        "bulk waits while the interactive read is at the device"
     );
     q.handle_completion(10_000_000, d[0].tag, Outcome::Done)
         .unwrap();
+    // The read went to a quiet device: an unloaded sample, so no probe is due yet.
     let later = drain(&mut q, 20_000_000);
+    let budget = q.policy().budget();
     assert_eq!(
-        later.len(),
-        1,
-        "then bulk holds at most its limit while interactive is recent"
+        later.len() as u64,
+        budget / 128,
+        "then bulk holds at most its budget while interactive is recent"
     );
+    assert!(later.iter().map(|d| d.meta.sectors).sum::<u64>() <= budget);
+
+    // Half a second on with bulk always at the device, no unloaded sample is fresh: the
+    // next interactive request is preceded by a probe that holds bulk back until two reads
+    // found the device quiet (or the probe's time is up).
+    let mut at_device = later;
+    let mut now = 20_000_000;
+    while now < 600_000_000 {
+        // The device completes the oldest bulk command every 50 us; the queue refills.
+        now += 50_000;
+        if !at_device.is_empty() {
+            let d = at_device.remove(0);
+            q.handle_completion(now, d.tag, Outcome::Done).unwrap();
+            q.submit(now, d.req, piece).unwrap(); // the writer's next write
+        }
+        at_device.extend(drain(&mut q, now));
+        if at_device.is_empty() {
+            break;
+        }
+    }
+    assert!(at_device.is_empty(), "a probe came due and drained bulk");
+    assert!(now >= 500_000_000, "not before it was due ({now} ns)");
+    let t = now;
+    let held = drain(&mut q, t);
+    assert!(held.is_empty(), "and holds it: {held:?}");
 }
 
 #[test]

@@ -4,7 +4,7 @@ mod queue;
 mod split;
 mod striped;
 
-pub use queue::Queue;
+pub use queue::{Queue, QueueHandle};
 pub use split::Split;
 pub use striped::Striped;
 

@@ -7,9 +7,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tagstripe_scheduler::{
-    Dir, Fair, FairConfig, Meta, Outcome, Policy, QueueConfig, Tag, TagKind, TagQueue,
+    Dir, Event, Fair, FairConfig, IoClass, Meta, Outcome, Policy, QueueConfig, Shape, Tag, TagKind,
+    TagQueue,
 };
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 use tokio::time::Instant;
 
 use crate::stats::{OpKind, Stats};
@@ -67,6 +68,8 @@ struct Inner {
     q: TagQueue<Waiter, Box<dyn Policy + Send>>,
     epoch: Instant,
     timer_at: Option<u64>,
+    /// The queue's events go to whoever subscribed ([`QueueHandle::subscribe`]).
+    events: broadcast::Sender<Event>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -128,7 +131,11 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
             let _ = g.q.handle_completion(now, d.tag, Outcome::Failed);
         }
     }
-    while g.q.poll_event().is_some() {}
+    while let Some(e) = g.q.poll_event() {
+        if g.events.receiver_count() > 0 {
+            let _ = g.events.send(e);
+        }
+    }
     if let Some(t) = g.q.poll_timeout() {
         if g.timer_at.is_none_or(|armed| t < armed) {
             g.timer_at = Some(t);
@@ -191,6 +198,7 @@ impl<D: BlockDevice> Queue<D> {
                 q: TagQueue::new(cfg, policy),
                 epoch: Instant::now(),
                 timer_at: None,
+                events: broadcast::channel(EVENTS).0,
             })),
             dev,
             stats: Arc::new(Stats::default()),
@@ -210,14 +218,21 @@ impl<D: BlockDevice> Queue<D> {
 
     /// Sets the openings at run time (`camcontrol tags -N`).
     pub fn set_openings(&self, openings: u32) {
-        let mut g = self.inner.lock();
-        g.q.set_openings(openings);
-        let _ = pump(&self.inner, &mut g);
+        self.handle().set_openings(openings);
     }
 
     /// The current openings.
     pub fn openings(&self) -> u32 {
         self.inner.lock().q.openings()
+    }
+
+    /// A handle on this queue that stays usable after the queue is wrapped in other layers
+    /// (how [`crate::Volume::queues`] reaches each component's queue).
+    pub fn handle(&self) -> QueueHandle {
+        QueueHandle {
+            name: self.dev.info().name.clone(),
+            inner: Arc::clone(&self.inner),
+        }
     }
 
     /// Queues a request with this metadata: either it is dispatched at once (the common
@@ -307,7 +322,7 @@ impl<D: BlockDevice> Queue<D> {
         (again, now)
     }
 
-    fn meta(op: OpKind, opts: IoOpts) -> Meta {
+    fn meta(op: OpKind, opts: IoOpts, sectors: u64) -> Meta {
         let dir = if op == OpKind::Read {
             Dir::Read
         } else {
@@ -318,7 +333,19 @@ impl<D: BlockDevice> Queue<D> {
         } else {
             opts.kind
         };
-        Meta::new(opts.class, dir).with_kind(kind)
+        Meta::new(opts.class, dir)
+            .with_kind(kind)
+            .with_sectors(sectors)
+    }
+
+    /// The pieces (in sectors) the policy wants a request cut into now: `None` to send it
+    /// whole. Pieces stay whole logical blocks.
+    fn pieces(&self, op: OpKind, opts: IoOpts, sectors: u64) -> Option<u64> {
+        let g = self.inner.lock();
+        let limit = g.q.piece_limit(g.now(), &Self::meta(op, opts, sectors))?;
+        let lbs = u64::from(self.dev.info().limits.logical_block_size / 512).max(1);
+        let piece = (limit / lbs).max(1) * lbs;
+        (piece < sectors).then_some(piece)
     }
 
     async fn run<T, F, Fut>(&self, op: OpKind, bytes: u64, opts: IoOpts, f: F) -> Result<T>
@@ -327,7 +354,7 @@ impl<D: BlockDevice> Queue<D> {
         Fut: Future<Output = Result<T>>,
     {
         // Times come from the queue's clock, read under its lock anyway.
-        let (mut acq, started) = self.acquire(Self::meta(op, opts))?;
+        let (mut acq, started) = self.acquire(Self::meta(op, opts, bytes / 512))?;
         self.stats.begin();
         let mut ended = started;
         let result = loop {
@@ -361,6 +388,11 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         self.dev.info().check(start, sectors)?;
+        if self.pieces(OpKind::Read, opts, sectors).is_some() {
+            let mut v = vec![0u8; sectors as usize * 512];
+            self.read_into(start, &mut v, opts).await?;
+            return Ok(Bytes::from(v));
+        }
         self.run(OpKind::Read, sectors * 512, opts, |k| {
             self.dev.read(start, sectors, with_kind(opts, k))
         })
@@ -370,7 +402,54 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(self.dev.info(), buf.len())?;
         self.dev.info().check(start, sectors)?;
-        let (mut acq, started) = self.acquire(Self::meta(OpKind::Read, opts))?;
+        if let Some(piece) = self.pieces(OpKind::Read, opts, sectors) {
+            // Shaped: smaller pieces, each queued on its own (they wait less behind each
+            // other, and interactive requests less behind them).
+            let reads = buf
+                .chunks_mut(piece as usize * 512)
+                .enumerate()
+                .map(|(i, part)| self.read_piece(start + i as u64 * piece, part, opts));
+            super::all(reads).await?;
+            return Ok(());
+        }
+        self.read_piece(start, buf, opts).await
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let sectors = self.dev.info().check_write(start, data.len())?;
+        if let Some(piece) = self.pieces(OpKind::Write, opts, sectors) {
+            let step = piece as usize * 512;
+            let writes = (0..data.len()).step_by(step).map(|off| {
+                let part = data.slice(off..(off + step).min(data.len()));
+                self.write_piece(start + off as u64 / 512, part, opts)
+            });
+            super::all(writes).await?;
+            return Ok(());
+        }
+        self.write_piece(start, data, opts).await
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        self.run(OpKind::Flush, 0, opts, |k| {
+            self.dev.flush(with_kind(opts, k))
+        })
+        .await
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        self.dev.info().check_discard(start, sectors)?;
+        self.run(OpKind::Discard, 0, opts, |k| {
+            self.dev.discard(start, sectors, with_kind(opts, k))
+        })
+        .await
+    }
+}
+
+impl<D: BlockDevice> Queue<D> {
+    /// One read through the queue, whole.
+    async fn read_piece(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = buf.len() as u64 / 512;
+        let (mut acq, started) = self.acquire(Self::meta(OpKind::Read, opts, sectors))?;
         self.stats.begin();
         let mut ended = started;
         let result = loop {
@@ -392,27 +471,99 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         result
     }
 
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        self.dev.info().check_write(start, data.len())?;
+    /// One write through the queue, whole.
+    async fn write_piece(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
         self.run(OpKind::Write, bytes, opts, |k| {
             self.dev.write(start, data.clone(), with_kind(opts, k))
         })
         .await
     }
+}
 
-    async fn flush(&self, opts: IoOpts) -> Result<()> {
-        self.run(OpKind::Flush, 0, opts, |k| {
-            self.dev.flush(with_kind(opts, k))
-        })
-        .await
+/// Events kept for a subscriber that falls behind (older ones are dropped for it; see
+/// [`broadcast`]).
+const EVENTS: usize = 1024;
+
+/// A handle on one device's tagged queue: read and set its openings at run time (as
+/// `camcontrol tags` does), see what is in flight and how bulk is shaped, and subscribe to
+/// its events (completions, openings changes after QUEUE FULL, barriers, shaping changes).
+///
+/// ```
+/// use tagstripe::{MemDevice, Queue};
+/// use tagstripe::scheduler::IoClass;
+/// let q = Queue::new(MemDevice::new("mem0", 1024));
+/// let h = q.handle();
+/// h.set_openings(8);
+/// assert_eq!(h.openings(), 8);
+/// assert_eq!(h.active(IoClass::Bulk), 0);
+/// assert!(h.shape().is_some(), "the fair policy shapes bulk");
+/// let _events = h.subscribe(); // a tokio broadcast receiver
+/// ```
+#[derive(Clone)]
+pub struct QueueHandle {
+    name: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for QueueHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueHandle")
+            .field("device", &self.name)
+            .field("inner", &*self.inner.lock())
+            .finish()
+    }
+}
+
+impl QueueHandle {
+    /// The device's name.
+    #[must_use]
+    pub fn device(&self) -> &str {
+        &self.name
     }
 
-    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
-        self.dev.info().check_discard(start, sectors)?;
-        self.run(OpKind::Discard, 0, opts, |k| {
-            self.dev.discard(start, sectors, with_kind(opts, k))
-        })
-        .await
+    /// The current openings (tags the device may hold).
+    #[must_use]
+    pub fn openings(&self) -> u32 {
+        self.inner.lock().q.openings()
+    }
+
+    /// Sets the openings, clamped to the queue's tag limits; commands already at the device
+    /// stay there.
+    pub fn set_openings(&self, openings: u32) {
+        let mut g = self.inner.lock();
+        g.q.set_openings(openings);
+        let _ = pump(&self.inner, &mut g);
+    }
+
+    /// Commands of `class` at the device now.
+    #[must_use]
+    pub fn active(&self, class: IoClass) -> u32 {
+        self.inner.lock().q.active(class)
+    }
+
+    /// Commands at the device now.
+    #[must_use]
+    pub fn in_flight(&self) -> u32 {
+        self.inner.lock().q.active_total()
+    }
+
+    /// Requests waiting in the host queue.
+    #[must_use]
+    pub fn pending(&self) -> usize {
+        self.inner.lock().q.pending_len()
+    }
+
+    /// How the policy shapes bulk now (budget and piece size), if it does.
+    #[must_use]
+    pub fn shape(&self) -> Option<Shape> {
+        self.inner.lock().q.shape()
+    }
+
+    /// The queue's events from now on. A receiver that falls more than 1,024 events behind
+    /// loses the oldest ([`broadcast::error::RecvError::Lagged`]).
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.inner.lock().events.subscribe()
     }
 }
