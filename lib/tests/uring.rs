@@ -186,6 +186,15 @@ fn uring_unqueued_volume_over_a_loop_device_with_small_max_sectors() {
     let lo = make_loop_with("uring-cap", 64 << 20, 512, true).expect("loop device");
     let name = lo.dev.file_name().unwrap().to_string_lossy().into_owned();
     let knob = format!("/sys/block/{name}/queue/max_sectors_kb");
+    // The setting outlives the loop device's attachment: put it back when done.
+    struct Restore(String, String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, &self.1);
+        }
+    }
+    let old = std::fs::read_to_string(&knob).expect("read max_sectors_kb");
+    let _restore = Restore(knob.clone(), old.trim().to_owned());
     std::fs::write(&knob, "4").expect("set max_sectors_kb");
     let opts = FileOptions {
         direct: true,

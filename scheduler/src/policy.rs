@@ -265,6 +265,8 @@ impl Policy for Deadline {
 /// How [`Fair`] shapes bulk I/O at a moment: what its latency controller has settled on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Shape {
+    /// Bulk sectors at the device now.
+    pub bulk_sectors: u64,
     /// Bulk sectors allowed at the device at once (one request always may go).
     pub budget_sectors: u64,
     /// The largest bulk piece, in sectors, while shaping.
@@ -327,6 +329,9 @@ pub struct FairConfig {
     pub hold_percent: u32,
     /// The period of `hold_percent`.
     pub hold_period: Nanos,
+    /// Windows without cuts after a cut that did not lower the tail by a tenth (it is
+    /// undone): a tail that bulk does not cause does not starve bulk.
+    pub cut_cooldown: u32,
     /// An interactive command at the device longer than this makes the next bulk command
     /// ordered (da(4)'s barrier, driven by latency instead of a 15 s timer).
     pub age: Nanos,
@@ -362,6 +367,7 @@ impl Default for FairConfig {
             probe_samples: 2,
             hold_percent: 50,
             hold_period: 100_000_000,
+            cut_cooldown: 8,
             age: 200_000_000,
             idle_after: 5_000_000_000,
             anticipate: 2_000_000,
@@ -412,6 +418,10 @@ pub struct Fair {
     bulk_wanted: bool,
     budget: u64,
     piece: u64,
+    /// The budget before the last window's cut, and the tail that caused it.
+    last_cut: Option<(u64, Nanos)>,
+    /// Windows left in which no cut is made (after a cut that bought nothing).
+    cooldown: u32,
     think: Option<Nanos>,
     last_interactive: Option<Nanos>,
     last_interactive_done: Option<Nanos>,
@@ -428,6 +438,8 @@ impl Fair {
         Self {
             piece: piece_for(&cfg, budget),
             budget,
+            last_cut: None,
+            cooldown: 0,
             cfg,
             bulk_sectors: 0,
             interactive_out: 0,
@@ -565,11 +577,28 @@ impl Fair {
         self.window.clear();
         let target = self.target().max(1);
         let (min, max) = (self.cfg.budget_min.max(1), self.cfg.budget_max.max(1));
+        let last_cut = self.last_cut.take();
         if tail > target {
-            // Cut in proportion to the overshoot, by half at most.
-            let keep = (u128::from(self.budget) * u128::from(target) / u128::from(tail))
-                .max(u128::from(self.budget / 2));
-            self.budget = u64::try_from(keep).unwrap_or(u64::MAX).max(min);
+            if let Some((before, tail_before)) = last_cut {
+                if tail.saturating_mul(10) > tail_before.saturating_mul(9) {
+                    // The last cut bought no latency (the tail comes from elsewhere, such as
+                    // the device's own write-back): undo it and leave bulk alone a while, so
+                    // bulk is not starved for nothing (work-conserving).
+                    self.budget = before;
+                    self.cooldown = self.cfg.cut_cooldown;
+                }
+            } else if self.cooldown > 0 {
+                self.cooldown -= 1;
+            } else {
+                // Cut in proportion to the overshoot, by half at most.
+                let keep = (u128::from(self.budget) * u128::from(target) / u128::from(tail))
+                    .max(u128::from(self.budget / 2));
+                let cut = u64::try_from(keep).unwrap_or(u64::MAX).max(min);
+                if cut < self.budget {
+                    self.last_cut = Some((self.budget, tail));
+                    self.budget = cut;
+                }
+            }
         } else if tail.saturating_mul(10) < target.saturating_mul(8) && self.bulk_wanted {
             let step = (self.budget / 8).max(self.cfg.piece_min.max(1));
             self.budget = self.budget.saturating_add(step).min(max);
@@ -796,6 +825,7 @@ impl Policy for Fair {
 
     fn shape(&self) -> Option<Shape> {
         Some(Shape {
+            bulk_sectors: self.bulk_sectors,
             budget_sectors: self.budget,
             piece_sectors: self.piece,
             target_ns: self.target(),
