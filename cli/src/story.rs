@@ -590,11 +590,12 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
         }
         let secs = Duration::from_millis(if quick { 1500 } else { 5000 });
         let shape = (a.interleave, a.flavor);
-        let live = match live_fairness(&comps, shape, secs, text, &progress, Some(&watched)).await {
-            Ok(l) => l,
-            Err(e) => return crate::fail("bench", "volume", &e, a.json),
-        };
-        report["fairness"] = json!({"sim": crate::bench::fairness_json(&r, Profile::Hdd1998, seconds, 1), "live": live});
+        let (live, goals) =
+            match live_fairness(&comps, shape, secs, text, &progress, Some(&watched)).await {
+                Ok(l) => l,
+                Err(e) => return crate::fail("bench", "volume", &e, a.json),
+            };
+        report["fairness"] = json!({"sim": crate::bench::fairness_json(&r, Profile::Hdd1998, seconds, 1), "live": live, "goals": goals});
     }
     if let Some(t) = ticker {
         t.abort();
@@ -666,7 +667,7 @@ pub(crate) fn human(b: u64) -> String {
 
 /// The live fairness story on a volume over `comps` (interleave, flavor): an interactive
 /// 4 KiB reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
-/// `secs` each. Prints a table if `text`; returns the runs as JSON.
+/// `secs` each. Prints a table if `text`; returns the runs and the goals as JSON.
 async fn live_fairness(
     comps: &[Arc<dyn BlockDevice>],
     (interleave, flavor): (u64, Flavor),
@@ -674,7 +675,7 @@ async fn live_fairness(
     text: bool,
     progress: &Progress,
     watched: Option<&Watched>,
-) -> Result<Value, String> {
+) -> Result<(Value, Value), String> {
     if text {
         outln!(
             "\nlive on this volume: a bulk writer (1 MiB, 16 in flight) and an interactive reader (4 KiB random, one at a time, 1 ms apart), {secs:?}"
@@ -689,6 +690,8 @@ async fn live_fairness(
         );
     }
     let mut live = Vec::new();
+    // Reader p99 (ms) and bulk MB/s of each run, for the goals.
+    let mut figures = Vec::new();
     for (label, queue, with_bulk) in [
         ("reader alone", true, false),
         ("fairness off (no queue)", false, true),
@@ -761,8 +764,62 @@ async fn live_fairness(
             run["bulk_shaping"] = shaping.json();
         }
         live.push(run);
+        figures.push((i.lat_us(0.99) / 1e3, b.mb_s()));
     }
-    Ok(Value::Array(live))
+    let goals = Goals::of(&figures);
+    if text {
+        outln!("{}", goals.line());
+    }
+    Ok((Value::Array(live), goals.json()))
+}
+
+/// The live story's goals: with fairness on, the reader's p99 at most 4x the reader alone,
+/// and bulk at least 0.75x of fairness off.
+struct Goals {
+    p99_ratio: f64,
+    bulk_ratio: f64,
+}
+
+impl Goals {
+    const P99_MAX: f64 = 4.0;
+    const BULK_MIN: f64 = 0.75;
+
+    /// From (reader p99 ms, bulk MB/s) of the runs: alone, off, on.
+    fn of(runs: &[(f64, f64)]) -> Self {
+        let (alone, off, on) = match runs {
+            [a, b, c] => (*a, *b, *c),
+            _ => ((0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
+        };
+        Self {
+            p99_ratio: on.0 / alone.0.max(1e-6),
+            bulk_ratio: on.1 / off.1.max(1e-6),
+        }
+    }
+
+    fn met(&self) -> bool {
+        self.p99_ratio <= Self::P99_MAX && self.bulk_ratio >= Self::BULK_MIN
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "fairness on: reader p99 {:.1}x alone (goal <= {}x), bulk {:.2}x of fairness off (goal >= {}x): {}",
+            self.p99_ratio,
+            Self::P99_MAX,
+            self.bulk_ratio,
+            Self::BULK_MIN,
+            if self.met() { "met" } else { "NOT met" }
+        )
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "p99_ratio": round(self.p99_ratio, 2),
+            "p99_ratio_max": Self::P99_MAX,
+            "bulk_ratio": round(self.bulk_ratio, 3),
+            "bulk_ratio_min": Self::BULK_MIN,
+            "met": self.met(),
+        })
+    }
 }
 
 /// How the queues shaped bulk during a live run: samples of bulk's depth at each
@@ -908,13 +965,13 @@ pub(crate) fn fairness_live(
             )
             .await;
             progress.finish();
-            live.map(|l| (l, direct))
+            live.map(|(l, g)| (l, g, direct))
         };
         tokio::select! {
             r = run => match r {
-                Ok((live, direct)) => {
+                Ok((live, goals, direct)) => {
                     if json {
-                        outln!("{}", json!({"live": live, "seconds": secs, "interleave": interleave, "direct": direct}));
+                        outln!("{}", json!({"live": live, "seconds": secs, "interleave": interleave, "direct": direct, "goals": goals}));
                     }
                     ExitCode::SUCCESS
                 }

@@ -31,6 +31,8 @@ pub struct View {
     pub heads: [Option<Head>; 4],
     /// When the oldest interactive command at the device was dispatched.
     pub oldest_interactive_at_device: Option<Nanos>,
+    /// When the oldest command of a lower class at the device was dispatched.
+    pub oldest_lower_at_device: Option<Nanos>,
 }
 
 impl View {
@@ -658,10 +660,15 @@ impl Policy for Fair {
         }
         let lower_at_device: u32 = view.active[1..].iter().sum();
         if view.heads[IoClass::Interactive.index()].is_some() {
-            // Lower classes hold tags at the device: ask the device to run this next.
+            // Lower classes hold tags at the device: ask the device to run this next, unless
+            // one of them has waited there past `age` (head-of-queue tags would keep passing
+            // it: a device serving them first starves what it already holds).
+            let lower_starving = view
+                .oldest_lower_at_device
+                .is_some_and(|t| now.saturating_sub(t) >= self.cfg.age);
             return Choice::Dispatch {
                 class: IoClass::Interactive,
-                promote: (lower_at_device > 0).then_some(TagKind::HeadOfQueue),
+                promote: (lower_at_device > 0 && !lower_starving).then_some(TagKind::HeadOfQueue),
             };
         }
         let i = IoClass::Interactive.index();

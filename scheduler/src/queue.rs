@@ -246,6 +246,13 @@ impl<R, P: Policy> TagQueue<R, P> {
                     .map(|s| s.dispatched)
                     .min()
             },
+            oldest_lower_at_device: self
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| s.meta.class != IoClass::Interactive)
+                .map(|s| s.dispatched)
+                .min(),
         };
         self.wait_until = None;
         match self.policy.choose(&view) {
