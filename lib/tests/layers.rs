@@ -161,3 +161,49 @@ fn a_failed_piece_does_not_leave_the_others_running() {
         assert_eq!(back, vec![0u8; 8 * 512]);
     });
 }
+
+/// A volume's queues are reachable by type: their events reach a subscriber (completions,
+/// openings set at run time), bulk is cut to the policy's piece size while interactive I/O
+/// is active, and every byte lands.
+#[test]
+fn queue_events_reach_the_caller_and_bulk_is_cut_while_interactive_is_active() {
+    use tagstripe::scheduler::{Event, IoClass};
+    rt().block_on(async {
+        let vol = Volume::builder(mem(1, 1 << 16))
+            .interleave(1 << 15)
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        let q = vol.queues()[0].clone();
+        let mut events = q.subscribe();
+        q.set_openings(8);
+        assert_eq!(q.openings(), 8);
+        // Interactive I/O makes the policy shape bulk: a 4 MiB bulk write goes in pieces.
+        vol.read(0, 8, IoOpts::new().class(IoClass::Interactive))
+            .await
+            .unwrap();
+        let piece = q.shape().unwrap().piece_sectors;
+        assert!(piece < 8192, "piece {piece}");
+        let data = Bytes::from((0..4 << 20).map(|i| (i % 253) as u8).collect::<Vec<_>>());
+        vol.write(0, data.clone(), IoOpts::new().class(IoClass::Bulk))
+            .await
+            .unwrap();
+        assert_eq!(vol.read(0, 8192, IoOpts::new()).await.unwrap(), data);
+        let mut seen = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            seen.push(e);
+        }
+        assert!(seen.contains(&Event::Openings { openings: 8 }), "{seen:?}");
+        let completed = seen
+            .iter()
+            .filter(|e| matches!(e, Event::Completed { .. }))
+            .count() as u64;
+        // The read, the write's pieces, the read back (whole: not bulk).
+        assert!(
+            completed >= 2 + 8192 / piece,
+            "{completed} completions, pieces of {piece}"
+        );
+        assert_eq!(q.in_flight(), 0);
+        assert_eq!(q.pending(), 0);
+    });
+}

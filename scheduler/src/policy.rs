@@ -99,6 +99,12 @@ pub trait Policy: std::fmt::Debug {
         None
     }
 
+    /// Whether [`piece_limit`](Self::piece_limit) can ever limit requests of `class` (so a
+    /// caller need not ask for the others).
+    fn limits_pieces(&self, _class: IoClass) -> bool {
+        false
+    }
+
     /// How the policy shapes bulk I/O now, if it does ([`crate::Event::Shaped`] reports
     /// changes).
     fn shape(&self) -> Option<Shape> {
@@ -124,6 +130,9 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn piece_limit(&self, now: Nanos, meta: &Meta) -> Option<u64> {
         (**self).piece_limit(now, meta)
+    }
+    fn limits_pieces(&self, class: IoClass) -> bool {
+        (**self).limits_pieces(class)
     }
     fn shape(&self) -> Option<Shape> {
         (**self).shape()
@@ -828,6 +837,10 @@ impl Policy for Fair {
 
     fn piece_limit(&self, now: Nanos, meta: &Meta) -> Option<u64> {
         (meta.class == IoClass::Bulk && self.active_at(now)).then_some(self.piece)
+    }
+
+    fn limits_pieces(&self, class: IoClass) -> bool {
+        class == IoClass::Bulk
     }
 
     fn shape(&self) -> Option<Shape> {

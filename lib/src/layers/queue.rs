@@ -177,6 +177,8 @@ pub struct Queue<D> {
     dev: D,
     inner: Arc<Mutex<Inner>>,
     stats: Arc<Stats>,
+    /// Per class, whether the policy may cut its requests into pieces.
+    cuts: [bool; 4],
 }
 
 impl<D: BlockDevice> Queue<D> {
@@ -193,7 +195,9 @@ impl<D: BlockDevice> Queue<D> {
             min_tags: l.min_tags.max(1),
             ..QueueConfig::default()
         };
+        let cuts = IoClass::ALL.map(|c| policy.limits_pieces(c));
         Self {
+            cuts,
             inner: Arc::new(Mutex::new(Inner {
                 q: TagQueue::new(cfg, policy),
                 epoch: Instant::now(),
@@ -341,6 +345,9 @@ impl<D: BlockDevice> Queue<D> {
     /// The pieces (in sectors) the policy wants a request cut into now: `None` to send it
     /// whole. Pieces stay whole logical blocks.
     fn pieces(&self, op: OpKind, opts: IoOpts, sectors: u64) -> Option<u64> {
+        if !self.cuts[opts.class.index()] {
+            return None;
+        }
         let g = self.inner.lock();
         let limit = g.q.piece_limit(g.now(), &Self::meta(op, opts, sectors))?;
         let lbs = u64::from(self.dev.info().limits.logical_block_size / 512).max(1);
