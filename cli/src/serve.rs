@@ -156,12 +156,22 @@ async fn serve(args: &ServeArgs) -> ExitCode {
             } => {}
         }
     };
+    let serving = listener.serve(Arc::clone(&server));
+    tokio::pin!(serving);
     let code = tokio::select! {
-        r = listener.serve(Arc::clone(&server)) => match r {
+        r = &mut serving => match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => crate::fail("serve", "accept", &e.to_string(), false),
         },
-        () = stop => ExitCode::SUCCESS,
+        () = stop => {
+            // No new connection or request is taken; what was read is answered first.
+            eprintln!("tagstripe serve: stopping: answering the requests in flight");
+            server.shutdown();
+            match serving.await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => crate::fail("serve", "shutdown", &e.to_string(), false),
+            }
+        }
     };
     // Stop cleanly: make every acknowledged write durable before leaving.
     if !(args.read_only || info.read_only) {

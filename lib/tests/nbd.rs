@@ -496,6 +496,99 @@ async fn hostile_clients_leave_the_server_serving() {
     }
 }
 
+/// Sends one request with `flags` (and `payload` for a write); returns the reply's error.
+async fn request_with(s: &mut TcpStream, r: proto::Request, payload: &[u8]) -> u32 {
+    s.write_all(&r.encode()).await.unwrap();
+    s.write_all(payload).await.unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).await.unwrap();
+    let rep = proto::SimpleReply::parse(&h).unwrap();
+    assert_eq!(rep.handle, r.handle);
+    rep.error
+}
+
+/// Command flags are checked: unknown ones and ones on the wrong command get EINVAL (a
+/// write's payload still read off the wire), FUA goes on any command; a read-only export
+/// accepts FLUSH (it advertises it) and refuses writes with EPERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_flags_are_checked_and_read_only_exports_accept_flush() {
+    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let (base, _server) = start(
+        NbdServer::new(ServerConfig::default())
+            .export("vol", vol.clone())
+            .export_with("ro", vol.clone(), "read-only", true),
+    )
+    .await;
+    let addr = base.trim_start_matches("nbd://").to_owned();
+    let mut s = open_raw(&addr).await;
+    let req = |command, flags, length| proto::Request {
+        flags,
+        command,
+        handle: 7,
+        offset: 0,
+        length,
+    };
+    let data = vec![0x5Au8; 512];
+    use proto::Command::{Flush, Read, Write, WriteZeroes};
+    // Unknown flag bits (DF and beyond are not offered here).
+    assert_eq!(
+        request_with(&mut s, req(Read, 1 << 2, 512), &[]).await,
+        proto::errno::EINVAL
+    );
+    assert_eq!(
+        request_with(&mut s, req(Read, 1 << 9, 512), &[]).await,
+        proto::errno::EINVAL
+    );
+    assert_eq!(
+        request_with(&mut s, req(Write, 1 << 7, 512), &data).await,
+        proto::errno::EINVAL
+    );
+    // Zeroing flags on other commands.
+    let no_hole = proto::CMD_FLAG_NO_HOLE;
+    assert_eq!(
+        request_with(&mut s, req(Write, no_hole, 512), &data).await,
+        proto::errno::EINVAL
+    );
+    let fast = proto::CMD_FLAG_FAST_ZERO;
+    assert_eq!(
+        request_with(&mut s, req(Read, fast, 512), &[]).await,
+        proto::errno::EINVAL
+    );
+    // Nothing of the refused write landed; FUA is fine everywhere; NO_HOLE on zeroing too.
+    let mut b = vec![0u8; 512];
+    vol.read_into(0, &mut b, IoOpts::new()).await.unwrap();
+    assert_eq!(b, vec![0u8; 512]);
+    let fua = proto::CMD_FLAG_FUA;
+    assert_eq!(request_with(&mut s, req(Write, fua, 512), &data).await, 0);
+    assert_eq!(request_with(&mut s, req(Flush, fua, 0), &[]).await, 0);
+    assert_eq!(
+        request_with(&mut s, req(WriteZeroes, no_hole, 512), &[]).await,
+        0
+    );
+    // The connection still serves: a plain read.
+    assert_eq!(request(&mut s, 0, 0, 512).await, 0);
+
+    // Read-only: FLUSH is advertised and succeeds; a write is EPERM.
+    let mut ro = TcpStream::connect(&addr).await.unwrap();
+    handshake(&mut ro).await;
+    let head = proto::OptionHeader {
+        option: proto::OPT_EXPORT_NAME,
+        length: 2,
+    };
+    ro.write_all(&head.encode()).await.unwrap();
+    ro.write_all(b"ro").await.unwrap();
+    let mut b = [0u8; 10];
+    ro.read_exact(&mut b).await.unwrap();
+    let flags = u16::from_be_bytes([b[8], b[9]]);
+    assert_ne!(flags & proto::TF_READ_ONLY, 0);
+    assert_ne!(flags & proto::TF_SEND_FLUSH, 0);
+    assert_eq!(request_with(&mut ro, req(Flush, 0, 0), &[]).await, 0);
+    assert_eq!(
+        request_with(&mut ro, req(Write, 0, 512), &data).await,
+        proto::errno::EPERM
+    );
+}
+
 /// A fault campaign through real NBD peers: volumes (stripes, concat, mirror) over nbdkit
 /// memory exports whose error filter fails 10% of requests with EIO. Every operation
 /// matches the model or fails; afterwards every acknowledged write reads back (reads are
@@ -682,5 +775,103 @@ async fn degenerate_server_settings_still_serve() {
     assert_eq!(
         c.read(0, 128, IoOpts::new()).await.unwrap(),
         pattern(9, 64 << 10)
+    );
+}
+
+/// Records the order in which writes finish and flushes happen at the device.
+#[derive(Debug)]
+struct Logged {
+    inner: tagstripe::FaultDevice<MemDevice>,
+    log: std::sync::Mutex<Vec<&'static str>>,
+}
+
+#[async_trait::async_trait]
+impl BlockDevice for Logged {
+    fn info(&self) -> &tagstripe::DeviceInfo {
+        self.inner.info()
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<Bytes> {
+        self.inner.read(start, sectors, opts).await
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> tagstripe::Result<()> {
+        let r = self.inner.write(start, data, opts).await;
+        self.log.lock().unwrap().push("write");
+        r
+    }
+    async fn flush(&self, opts: IoOpts) -> tagstripe::Result<()> {
+        self.log.lock().unwrap().push("flush");
+        self.inner.flush(opts).await
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.discard(start, sectors, opts).await
+    }
+}
+
+/// A clean shutdown with writes in flight: each write is answered (OK) and lands before the
+/// final flush, nothing after it; `serve` returns; new connections are not taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_writes_in_flight_then_flushes() {
+    let inner = tagstripe::FaultDevice::new(MemDevice::new("slow", 4096));
+    inner.set_latency(Duration::from_millis(300));
+    let dev = Arc::new(Logged {
+        inner,
+        log: std::sync::Mutex::new(Vec::new()),
+    });
+    let server = Arc::new(NbdServer::new(ServerConfig::default()).export("s", dev.clone()));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let serving = tokio::spawn(Arc::clone(&server).serve(l));
+    let c = Arc::new(
+        NbdDevice::connect(&format!("nbd://{addr}/s"))
+            .await
+            .unwrap(),
+    );
+    let writes: Vec<_> = (0..8u64)
+        .map(|i| {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                c.write(i * 8, Bytes::from(pattern(i, 4096)), IoOpts::new())
+                    .await
+            })
+        })
+        .collect();
+    // Let the writes reach the server, then shut it down while they are at the device.
+    while server
+        .counters()
+        .requests
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 8
+    {
+        tokio::task::yield_now().await;
+    }
+    assert!(dev.log.lock().unwrap().is_empty(), "still in flight");
+    server.shutdown();
+    for w in writes {
+        w.await
+            .unwrap()
+            .expect("a write in flight at shutdown is answered");
+    }
+    serving
+        .await
+        .unwrap()
+        .expect("serve returns after the final flush");
+    let log = dev.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 9, "{log:?}");
+    assert_eq!(
+        log.last(),
+        Some(&"flush"),
+        "nothing after the final flush: {log:?}"
+    );
+    for i in 0..8u64 {
+        assert_eq!(
+            dev.read(i * 8, 8, IoOpts::new()).await.unwrap(),
+            pattern(i, 4096)
+        );
+    }
+    // The listener is gone: a new client cannot connect.
+    assert!(
+        NbdDevice::connect(&format!("nbd://{addr}/s"))
+            .await
+            .is_err()
     );
 }

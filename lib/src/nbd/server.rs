@@ -64,6 +64,8 @@ pub struct ServerCounters {
     pub transmissions: AtomicU64,
     /// Connections closed because of a protocol violation.
     pub protocol_errors: AtomicU64,
+    /// Requests read off the wire.
+    pub requests: AtomicU64,
     /// Requests answered (successfully or with an error).
     pub replies: AtomicU64,
     /// Requests answered with an error.
@@ -103,6 +105,8 @@ pub struct NbdServer {
     default: Option<String>,
     config: ServerConfig,
     counters: ServerCounters,
+    /// Set by [`NbdServer::shutdown`]; watched by the accept loop and every connection.
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl NbdServer {
@@ -120,7 +124,40 @@ impl NbdServer {
             default: None,
             config,
             counters: ServerCounters::default(),
+            stop: tokio::sync::watch::channel(false).0,
         }
+    }
+
+    /// Begins a clean shutdown: the server stops accepting connections and stops reading
+    /// new requests on every connection; requests already read run to the end and get their
+    /// replies; then each connection closes, every writable export is flushed, and
+    /// [`serve`](Self::serve) / [`serve_unix`](Self::serve_unix) return. A write in flight at
+    /// shutdown is thus completed and flushed (or answered with its error) before they
+    /// return, and nothing lands after the final flush.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tagstripe::nbd::{NbdServer, ServerConfig};
+    /// use tagstripe::MemDevice;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let server = Arc::new(
+    ///     NbdServer::new(ServerConfig::default()).export("m", Arc::new(MemDevice::new("m", 1024))),
+    /// );
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let serving = tokio::spawn(Arc::clone(&server).serve(listener));
+    /// server.shutdown();
+    /// serving.await.unwrap()?; // returns once connections are done and exports flushed
+    /// # Ok::<(), std::io::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    #[must_use]
+    pub fn is_shutting_down(&self) -> bool {
+        *self.stop.borrow()
     }
 
     /// Exports `device` as `name`. The first export is also the default one (the empty
@@ -199,11 +236,17 @@ impl NbdServer {
         Fut: Future<Output = std::io::Result<S>>,
     {
         let slots = Arc::new(Semaphore::new(self.config.max_connections));
+        let mut stop = self.stop.subscribe();
         loop {
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                return Ok(());
+            let slot = tokio::select! {
+                s = Arc::clone(&slots).acquire_owned() => s,
+                _ = stop.wait_for(|&v| v) => break,
             };
-            let stream = accept().await?;
+            let Ok(slot) = slot else { break };
+            let stream = tokio::select! {
+                s = accept() => s?,
+                _ = stop.wait_for(|&v| v) => break,
+            };
             let me = Arc::clone(&self);
             tokio::spawn(async move {
                 let class = me.config.class;
@@ -211,6 +254,29 @@ impl NbdServer {
                 drop(slot);
             });
         }
+        // Shutting down: wait until every connection has answered what it read and closed,
+        // then flush what was written.
+        let all = u32::try_from(self.config.max_connections).unwrap_or(u32::MAX);
+        let _ = slots.acquire_many(all).await;
+        self.flush_exports().await
+    }
+
+    /// Flushes every writable export (at shutdown); the first failure is returned, naming
+    /// the export, after trying them all.
+    async fn flush_exports(&self) -> std::io::Result<()> {
+        let mut first = None;
+        for (name, e) in &self.exports {
+            if !e.read_only {
+                if let Err(err) = e.device.flush(IoOpts::new()).await {
+                    first.get_or_insert_with(|| {
+                        std::io::Error::other(format!(
+                            "flush of export {name:?} at shutdown: {err}"
+                        ))
+                    });
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Serves one connection (any byte stream: TCP, a Unix socket, an in-memory pipe)
@@ -226,12 +292,13 @@ impl NbdServer {
         let (r, w) = tokio::io::split(stream);
         let mut r = BufReader::with_capacity(64 << 10, r);
         let mut w = BufWriter::with_capacity(64 << 10, w);
-        let chosen = match tokio::time::timeout(
-            self.config.handshake_timeout,
-            self.negotiate(&mut r, &mut w),
-        )
-        .await
-        {
+        let mut stop = self.stop.subscribe();
+        let negotiated = tokio::select! {
+            n = tokio::time::timeout(self.config.handshake_timeout, self.negotiate(&mut r, &mut w)) => n,
+            // Shutting down: a client still negotiating is closed (it has sent no request).
+            _ = stop.wait_for(|&v| v) => return Ok(()),
+        };
+        let chosen = match negotiated {
             Ok(Ok(Some(export))) => export,
             Ok(Ok(None)) => return Ok(()),
             Ok(Err(e)) => {
@@ -447,12 +514,19 @@ impl NbdServer {
             max: self.config.max_request,
             class,
         });
+        let mut stop = self.stop.subscribe();
         let result = loop {
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                 break Ok(());
             };
             let mut head = [0u8; Request::LEN];
-            match r.read_exact(&mut head).await {
+            // At shutdown no new request is read (one half read is dropped with the
+            // connection); those already read finish below.
+            let read = tokio::select! {
+                r = r.read_exact(&mut head) => r,
+                _ = stop.wait_for(|&v| v) => break Ok(()),
+            };
+            match read {
                 Ok(_) => {}
                 // The client left without NBD_CMD_DISC: finish what is in flight.
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
@@ -468,6 +542,7 @@ impl NbdServer {
             if req.command == Command::Disc {
                 break Ok(());
             }
+            self.counters.requests.fetch_add(1, Relaxed);
             let mut payload = None;
             let mut refused = None;
             if req.command == Command::Write {
@@ -624,6 +699,14 @@ impl Ctx {
             q.command,
             Command::Write | Command::Trim | Command::WriteZeroes
         );
+        // Flags this server does not offer, or that belong to another command, are refused
+        // (FUA is valid on every command; NO_HOLE and FAST_ZERO only on WRITE_ZEROES).
+        let zero_flags = proto::CMD_FLAG_NO_HOLE | proto::CMD_FLAG_FAST_ZERO;
+        let known = proto::CMD_FLAG_FUA | zero_flags;
+        if q.flags & !known != 0 || (q.flags & zero_flags != 0 && q.command != Command::WriteZeroes)
+        {
+            return Err(errno::EINVAL);
+        }
         if writes && self.read_only {
             return Err(errno::EPERM);
         }
@@ -656,6 +739,9 @@ impl Ctx {
                 self.device.write(start, d, opts).await.map_err(to_errno)?;
                 Ok(None)
             }
+            // A read-only export has nothing of its own to write back: its flush succeeds
+            // (as qemu-nbd -r and nbdkit -r answer), also over a read-only component.
+            Command::Flush if self.read_only => Ok(None),
             Command::Flush => {
                 self.device.flush(opts).await.map_err(to_errno)?;
                 Ok(None)
