@@ -1,6 +1,6 @@
 //! Group `map`: one `Geometry::map` call per iteration, consuming its pieces.
 //!
-//! Targets (DESIGN.md §5): under 10 ns per call for one power-of-two row, under 30 ns with
+//! Targets: under 10 ns per call for one power-of-two row, under 30 ns with
 //! five unequal members.
 
 use std::hint::black_box;

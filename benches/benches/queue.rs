@@ -1,6 +1,6 @@
 //! Group `queue`: one request through the tagged queue (submit + dispatch + complete).
 //!
-//! Target (DESIGN.md §5): under 250 ns per request (4 M requests/s on one core).
+//! Target: under 250 ns per request (4 M requests/s on one core).
 
 use std::hint::black_box;
 

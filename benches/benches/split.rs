@@ -1,6 +1,6 @@
 //! Group `split`: splitting a request by device limits, reported per piece.
 //!
-//! Target (DESIGN.md §5): under 20 ns per piece.
+//! Target: under 20 ns per piece.
 
 use std::hint::black_box;
 

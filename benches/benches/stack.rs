@@ -1,7 +1,7 @@
 //! Group `stack`: the whole stack (Volume → Striped → Split → Queue → memory) against plain
 //! memcpy of the same bytes, in the same run.
 //!
-//! Targets (DESIGN.md §5): 1 MiB requests at ≥ 90% of memcpy bandwidth; 4 KiB random reads at
+//! Targets: 1 MiB requests at ≥ 90% of memcpy bandwidth; 4 KiB random reads at
 //! depth 32 at ≥ 1 M IOPS on 2 cores.
 //!
 //! The reference copies the same bytes out of the same pages (`memcpy-same-pages`: the memory

@@ -30,11 +30,8 @@ pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevi
         if bytes % 512 != 0 {
             return Err(format!("{spec:?}: size must be whole 512-byte sectors"));
         }
-        return Ok(Arc::new(SimDevice::with_profile(
-            spec,
-            profile,
-            bytes / 512,
-        )));
+        let d = SimDevice::with_profile(spec, profile, bytes / 512).map_err(|e| e.to_string())?;
+        return Ok(Arc::new(d));
     }
     if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
         let d = NbdDevice::connect(spec).await.map_err(|e| e.to_string())?;

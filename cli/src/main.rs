@@ -1,7 +1,7 @@
 //! `tagstripe`: the pure crates from the shell, with machine-readable output.
 //!
 //! Subcommands print a readable view by default and JSON with `--json`; the JSON shapes are a
-//! contract (see the project's DESIGN.md §4) so results can be checked against other
+//! contract (described in the README) so results can be checked against other
 //! implementations. Bad flags print a clear message and exit 2.
 
 use std::process::ExitCode;

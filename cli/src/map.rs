@@ -44,7 +44,7 @@ pub(crate) struct MapArgs {
     /// Requests to map, each [r:|w:]START:COUNT in sectors (reads if no prefix).
     #[arg(long = "request", num_args = 1.., value_parser = parse_request)]
     requests: Vec<Request>,
-    /// Print JSON (the contract of DESIGN.md §4) instead of tables.
+    /// Print JSON (the contract in the README) instead of tables.
     #[arg(long)]
     json: bool,
 }

@@ -174,6 +174,77 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The component of the volume the error comes from (the outermost, for volumes of
+    /// volumes), if it came from one.
+    ///
+    /// ```
+    /// use tagstripe::Error;
+    /// let e = Error::Component {
+    ///     component: 2,
+    ///     source: Box::new(Error::Closed { device: "nbd0".into() }),
+    /// };
+    /// assert_eq!(e.component(), Some(2));
+    /// assert!(matches!(e.root(), Error::Closed { .. }));
+    /// assert_eq!(e.errno(), libc::ESHUTDOWN);
+    /// let io: std::io::Error = e.into();
+    /// assert_eq!(io.raw_os_error(), None);
+    /// assert_eq!(io.kind(), std::io::Error::from_raw_os_error(libc::ESHUTDOWN).kind());
+    /// ```
+    #[must_use]
+    pub fn component(&self) -> Option<usize> {
+        match self {
+            Self::Component { component, .. } => Some(*component),
+            _ => None,
+        }
+    }
+
+    /// The error under every [`Error::Component`] wrapper: what the device itself said.
+    #[must_use]
+    pub fn root(&self) -> &Error {
+        match self {
+            Self::Component { source, .. } => source.root(),
+            e => e,
+        }
+    }
+
+    /// The errno that best says what went wrong: the device's own for I/O and NBD errors
+    /// (EIO if it gave none), EINVAL for bad requests, EROFS, EOPNOTSUPP, EAGAIN for
+    /// QUEUE FULL and BUSY, ESHUTDOWN for a closed device, ETIMEDOUT, ECONNREFUSED for a
+    /// connection that failed without one, EPROTO for a protocol violation.
+    #[must_use]
+    pub fn errno(&self) -> i32 {
+        match self.root() {
+            Self::OutOfRange { .. }
+            | Self::Overflow { .. }
+            | Self::Misaligned { .. }
+            | Self::BadLength { .. }
+            | Self::BadUrl { .. }
+            | Self::Geometry(_)
+            | Self::Limits(_) => libc::EINVAL,
+            Self::ReadOnly { .. } => libc::EROFS,
+            Self::Unsupported { .. } => libc::EOPNOTSUPP,
+            Self::QueueFull { .. } | Self::Busy { .. } => libc::EAGAIN,
+            Self::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Self::Closed { .. } => libc::ESHUTDOWN,
+            Self::Nbd { errno, .. } => i32::try_from(*errno).unwrap_or(libc::EIO),
+            Self::Protocol { .. } => libc::EPROTO,
+            Self::Timeout { .. } => libc::ETIMEDOUT,
+            Self::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
+            Self::Component { .. } => libc::EIO,
+        }
+    }
+}
+
+/// An [`Error`] as an `io::Error` whose kind follows [`Error::errno`]; the error itself is
+/// kept as the source (its message names the device and the sectors).
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        let kind = io::Error::from_raw_os_error(e.errno()).kind();
+        io::Error::new(kind, e)
+    }
+}
+
 /// Results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -37,12 +37,38 @@ pub(crate) enum OpKind {
     Discard = 3,
 }
 
+/// A request counted in flight: [`InFlight::end`] records how it went; dropped without
+/// it (the caller's future was cancelled), it still leaves the in-flight count.
+pub(crate) struct InFlight<'a> {
+    stats: &'a Stats,
+    ended: bool,
+}
+
+impl InFlight<'_> {
+    pub(crate) fn end(mut self, op: OpKind, bytes: u64, latency: Duration, ok: bool) {
+        self.ended = true;
+        self.stats.end(op, bytes, latency, ok);
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.stats.in_flight.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
 impl Stats {
-    pub(crate) fn begin(&self) {
+    pub(crate) fn begin(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Relaxed);
+        InFlight {
+            stats: self,
+            ended: false,
+        }
     }
 
-    pub(crate) fn end(&self, op: OpKind, bytes: u64, latency: Duration, ok: bool) {
+    fn end(&self, op: OpKind, bytes: u64, latency: Duration, ok: bool) {
         self.in_flight.fetch_sub(1, Relaxed);
         if !ok {
             self.errors.fetch_add(1, Relaxed);
@@ -112,14 +138,21 @@ impl StatsSnapshot {
     /// Transfers per second since `earlier`, over `elapsed` (iostat's tps).
     #[must_use]
     pub fn tps(&self, earlier: &StatsSnapshot, elapsed: Duration) -> f64 {
-        (self.transfers() - earlier.transfers()) as f64 / elapsed.as_secs_f64().max(1e-9)
+        self.transfers().saturating_sub(earlier.transfers()) as f64
+            / elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Bytes moved since `earlier` (0 if `earlier` is in fact the later snapshot).
+    fn bytes_since(&self, earlier: &StatsSnapshot) -> u64 {
+        (self.bytes_read + self.bytes_written)
+            .saturating_sub(earlier.bytes_read + earlier.bytes_written)
     }
 
     /// KiB per transfer since `earlier` (iostat's KB/t).
     #[must_use]
     pub fn kb_per_transfer(&self, earlier: &StatsSnapshot) -> f64 {
-        let t = self.transfers() - earlier.transfers();
-        let b = self.bytes_read + self.bytes_written - earlier.bytes_read - earlier.bytes_written;
+        let t = self.transfers().saturating_sub(earlier.transfers());
+        let b = self.bytes_since(earlier);
         if t == 0 {
             0.0
         } else {
@@ -130,8 +163,7 @@ impl StatsSnapshot {
     /// MB per second (10^6 bytes) since `earlier`.
     #[must_use]
     pub fn mb_per_sec(&self, earlier: &StatsSnapshot, elapsed: Duration) -> f64 {
-        let b = self.bytes_read + self.bytes_written - earlier.bytes_read - earlier.bytes_written;
-        b as f64 / 1e6 / elapsed.as_secs_f64().max(1e-9)
+        self.bytes_since(earlier) as f64 / 1e6 / elapsed.as_secs_f64().max(1e-9)
     }
 
     /// The latency below which a fraction `p` of completed requests fell, to within a factor

@@ -264,10 +264,11 @@ impl Volume {
         bytes: u64,
         f: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        self.stats.begin();
-        let t = std::time::Instant::now();
+        let counted = self.stats.begin();
+        // tokio's clock, as the queues use: the two agree (also under a paused clock).
+        let t = tokio::time::Instant::now();
         let r = f.await;
-        self.stats.end(op, bytes, t.elapsed(), r.is_ok());
+        counted.end(op, bytes, t.elapsed(), r.is_ok());
         r
     }
 }

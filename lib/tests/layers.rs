@@ -207,3 +207,61 @@ fn queue_events_reach_the_caller_and_bulk_is_cut_while_interactive_is_active() {
         assert_eq!(q.pending(), 0);
     });
 }
+
+/// A request whose caller gives up (its future dropped mid-flight) leaves the in-flight
+/// counts of the volume and of its queue; under a paused tokio clock the volume's and the
+/// queue's latencies agree (one clock).
+#[test]
+fn stats_survive_cancellation_and_share_one_clock() {
+    use std::time::Duration;
+    use tagstripe::SimDevice;
+    use tagstripe::scheduler::Profile;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let sim: Arc<dyn BlockDevice> =
+            Arc::new(SimDevice::with_profile("hdd", Profile::HddModern, 1 << 20).unwrap());
+        let vol = Volume::builder(vec![sim])
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        let give_up = tokio::time::timeout(Duration::from_micros(1), vol.read(0, 8, IoOpts::new()));
+        assert!(
+            give_up.await.is_err(),
+            "the simulated disk takes milliseconds"
+        );
+        assert_eq!(vol.stats().snapshot().in_flight, 0);
+        assert_eq!(vol.component_stats()[0].snapshot().in_flight, 0);
+        for i in 0..20 {
+            vol.read(i * 4096, 8, IoOpts::new()).await.unwrap();
+        }
+        let v = vol.stats().snapshot();
+        let q = vol.component_stats()[0].snapshot();
+        let (vp, qp) = (
+            v.latency_percentile(0.5).unwrap(),
+            q.latency_percentile(0.5).unwrap(),
+        );
+        assert!(
+            vp >= Duration::from_micros(100),
+            "simulated time elapsed: {vp:?}"
+        );
+        // Power-of-two buckets: the same latencies land in the same or the next bucket.
+        assert!(vp <= qp * 2 && qp <= vp * 2, "volume {vp:?}, queue {qp:?}");
+    });
+}
+
+/// An injected I/O error is what it says: EIO.
+#[test]
+fn injected_errors_are_eio() {
+    rt().block_on(async {
+        let f = FaultDevice::new(MemDevice::new("f", 64));
+        f.inject(Fault::always(FaultOp::Read, FaultKind::Error));
+        match f.read(0, 1, IoOpts::new()).await {
+            Err(Error::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::EIO)),
+            other => panic!("{other:?}"),
+        }
+    });
+}

@@ -138,7 +138,8 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
                     &format!("sim{i}"),
                     tagstripe::scheduler::Profile::Ssd,
                     s,
-                );
+                )
+                .unwrap();
                 Arc::new(d) as Arc<dyn BlockDevice>
             })
             .collect(),

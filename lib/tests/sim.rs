@@ -12,7 +12,7 @@ use tokio::time::Instant;
 const SECTORS: u64 = 1 << 21;
 
 async fn reader_latencies(policy: Box<dyn Policy + Send>) -> Vec<Duration> {
-    let dev = SimDevice::with_profile("sim", Profile::Hdd1998, SECTORS);
+    let dev = SimDevice::with_profile("sim", Profile::Hdd1998, SECTORS).unwrap();
     let q = Arc::new(Queue::with_policy(dev, policy));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -81,7 +81,9 @@ async fn sim_device_window_gives_queue_full_and_the_queue_retries() {
     let mut cfg = Profile::Ssd.config();
     cfg.window = 4;
     // The device advertises 32 tags but holds 4: QUEUE FULL, back-off, and all succeed.
-    let dev = SimDevice::new("sim", cfg, 1 << 16).advertise_tags(32);
+    let dev = SimDevice::new("sim", cfg, 1 << 16)
+        .unwrap()
+        .advertise_tags(32);
     assert_eq!(dev.info().limits.max_tags, 32);
     let q = Arc::new(Queue::new(dev));
     let tasks: Vec<_> = (0..32u64)

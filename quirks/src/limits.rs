@@ -299,7 +299,7 @@ impl Limits {
     }
 
     /// The limits of a striped volume over `members`, as Linux's `blk_stack_limits` and md
-    /// raid0 derive them (reference/splitting.md §1.5): block sizes and `io_min` take the
+    /// raid0 derive them (`blk_stack_limits`): block sizes and `io_min` take the
     /// max; size, segment and boundary limits the min (0 = unlimited); `io_opt` the lcm with
     /// the full stripe (interleave × data members); `chunk_sectors` the gcd of the interleave
     /// and the members' chunks; discard only if every member discards. Anything that does

@@ -96,7 +96,7 @@ pub struct Piece {
 /// l.physical_block_size = 4096;
 /// l.max_hw_sectors = 2560;
 /// let s = Splitter::new(&l, Mod15::Off)?;
-/// // reference/splitting.md §2: the first piece ends on a physical block.
+/// // Linux's order: the first piece ends on a physical block.
 /// let pieces: Vec<u64> = s.split(Op::Write, 3, 6000)?.map(|p| p.sectors).collect();
 /// assert_eq!(pieces, [2557, 2560, 883]);
 /// # Ok::<(), tagstripe_quirks::Error>(())
@@ -265,7 +265,7 @@ impl Splitter {
         }
     }
 
-    /// Step A of reference/splitting.md §2: the most sectors a piece starting at `s` may
+    /// Step A of Linux's split (`get_max_io_size`): the most sectors a piece starting at `s` may
     /// have: the per-piece cap, cut at the chunk boundary, then shortened to end on a
     /// physical block.
     #[inline]

@@ -1,4 +1,4 @@
-//! The worked examples of reference/splitting.md §2, the Seagate example, limit
+//! Worked examples of Linux's split order, the Seagate mod-15 example, limit
 //! validation and stacking, as named tests.
 
 use tagstripe_quirks::{
@@ -185,7 +185,7 @@ fn seagate_mod15_write_of_2576_sectors() {
 
 #[test]
 fn smart_on_512e_keeps_physical_alignment() {
-    // splitting.md §6: 2576 on a 512e disk -> 2552 + 24; 16 -> 8 + 8.
+    // 2576 on a 512e disk -> 2552 + 24; 16 -> 8 + 8.
     let hw = limits(|l| {
         l.physical_block_size = 4096;
         l.max_hw_sectors = 2560;

@@ -1,5 +1,5 @@
 //! A deterministic model of a disk with a tagged command window, for measuring schedulers
-//! (reference/scheduling.md §5.1): a virtual clock in nanoseconds, a tag window with QUEUE
+//! a virtual clock in nanoseconds, a tag window with QUEUE
 //! FULL and BUSY, internal reordering (FIFO, shortest-positioning-time-first with optional
 //! aging, C-LOOK), seek + rotation + transfer, a write-back cache with destage and flush,
 //! ordered and head-of-queue task attributes, an optional mod-15 write fault, and an SSD mode
@@ -42,7 +42,7 @@ pub enum CacheMode {
     },
 }
 
-/// A named set of parameters (reference/scheduling.md §5.1).
+/// A named set of disk parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
     /// A 1998 SCSI disk: 64 tags, greedy SPTF with no aging, 7200 rpm, 12 MB/s media,

@@ -1,4 +1,4 @@
-//! The fairness simulation of reference/scheduling.md §5.2: a [`TagQueue`] in front of a
+//! The fairness simulation: a [`TagQueue`] in front of a
 //! [`DiskModel`] on a virtual clock, one sequential 64 KiB writer at QD 64, QD-1 4 KiB random
 //! reads (Poisson) and 20-read "login" chains, under each scheduler. Deterministic: the same
 //! seed gives the same numbers.
@@ -104,7 +104,7 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// §5.2's scenario for a profile: writer at QD 64 with 64 KiB writes, reads at 10/s on
+    /// The standard scenario for a profile: writer at QD 64 with 64 KiB writes, reads at 10/s on
     /// disks and 1000/s on SSDs, a 20-read chain every 2 s, 60 s with 5 s warm-up.
     #[must_use]
     pub fn standard(profile: Profile, seconds: u64, seed: u64) -> Self {
@@ -553,8 +553,7 @@ pub fn scheduler_setup(
     }
 }
 
-/// tagstripe's policy settings for the simulation, derived from the unloaded run as §5.2
-/// suggests: a barrier age of 4x the unloaded p99 and an anticipation window of half of it (at
+/// tagstripe's policy settings for the simulation, derived from the unloaded run: a barrier age of 4x the unloaded p99 and an anticipation window of half of it (at
 /// most the default 2 ms, so fast devices are not held idle). The latency target is learned
 /// (as on live devices). On a seeking disk with a write cache the device holds a read behind
 /// whatever it already has, so bulk is kept to a small budget of 16 KiB pieces while
@@ -603,7 +602,7 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-/// Runs §5.2's comparison: the reader and the chains unloaded, then every [`Scheduler`]
+/// Runs the comparison: the reader and the chains unloaded, then every [`Scheduler`]
 /// with the writer plus the reader, the writer plus the chains, and the writer alone. The
 /// two interactive variants run separately so each one's cost to bulk is measured alone.
 ///

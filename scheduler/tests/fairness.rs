@@ -1,5 +1,5 @@
-//! The disk model's sanity checks (reference/scheduling.md §5.4) and the fairness acceptance
-//! numbers (§5.3) on every profile. Deterministic: simulated time, fixed seeds.
+//! The disk model's sanity checks and the fairness acceptance
+//! numbers on every profile. Deterministic: simulated time, fixed seeds.
 
 use tagstripe_scheduler::sim::{self, Scenario, Scheduler};
 use tagstripe_scheduler::{DeviceOrder, FairConfig, Profile};
@@ -166,7 +166,7 @@ fn queue_full_above_the_window() {
     assert_eq!(d.submit(5, 0, read(0, 8)).unwrap(), DiskEvent::Busy);
 }
 
-/// §5.3's numbers for tagstripe on one profile, against the same run's baselines.
+/// The acceptance numbers for tagstripe on one profile, against the same run's baselines.
 fn acceptance(profile: Profile) {
     let r = sim::report(profile, 60, 1);
     let l0 = r.unloaded.interactive;

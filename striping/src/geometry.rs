@@ -503,7 +503,7 @@ fn fast_path(rows: &[Row], interleave: u64) -> Option<Fast> {
 /// ```
 /// use tagstripe_striping::Geometry;
 ///
-/// // The example of striping.md §2: three unequal components, interleave 16 (NetBSD).
+/// // Three unequal components, interleave 16 (NetBSD).
 /// let g = Geometry::builder([1000, 2000, 1500], 16).build()?;
 /// assert_eq!(g.component_sizes(), &[992, 2000, 1488]);
 /// assert_eq!(g.total_sectors(), 4480);

@@ -38,7 +38,7 @@
 //! # Ok::<(), tagstripe_striping::Error>(())
 //! ```
 //!
-//! Sources for every rule are in the project's `reference/striping.md`; the tests replay the
+//! The rules follow NetBSD's and FreeBSD's `ccd.c` and Linux's `drivers/md/raid0.c`; the tests replay the
 //! reference cases produced by an independent model of ccd.
 #![forbid(unsafe_code)]
 

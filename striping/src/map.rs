@@ -84,7 +84,7 @@ impl Geometry {
     /// ```
     /// use tagstripe_striping::Geometry;
     /// let g = Geometry::builder([100, 400], 16).build()?;
-    /// // striping.md §4: ccd issues five pieces on component 1, contiguous there.
+    /// // ccd issues five pieces on component 1, contiguous there.
     /// let pieces: Vec<_> = g.map(190, 60)?.map(|p| (p.component, p.cblk, p.count)).collect();
     /// assert_eq!(pieces, [(1, 94, 2), (1, 96, 16), (1, 112, 16), (1, 128, 16), (1, 144, 10)]);
     /// # Ok::<(), tagstripe_striping::Error>(())

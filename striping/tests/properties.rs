@@ -50,7 +50,7 @@ fn geometry_with(interleave: impl Strategy<Value = u64>) -> impl Strategy<Value 
         )
 }
 
-/// The round-robin model of striping.md §2: interleave units are handed out one per
+/// The round-robin model of ccd's interleave table: interleave units are handed out one per
 /// component per round, in component order, skipping components that are full. Returns,
 /// for every volume unit, (component, unit on the component). md's ORIG layout differs.
 fn round_robin(g: &Geometry) -> Vec<(usize, u64)> {
@@ -222,7 +222,7 @@ proptest! {
     }
 }
 
-/// md's pre-3.14 layout moves chunks in zones after the first (striping.md §11).
+/// md's pre-3.14 layout moves chunks in zones after the first.
 #[test]
 fn md_orig_differs_from_alt_in_second_zone() {
     // Sizes 1, 2, 2 chunks; logical chunk 3 is on device 1 (ALT) but device 2 (ORIG).

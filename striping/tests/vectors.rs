@@ -1,5 +1,5 @@
 //! Replays every reference case in `tests/vectors/*.jsonl` (produced by an independent model
-//! of NetBSD/FreeBSD ccd, see reference/striping.md §16) against the library.
+//! of NetBSD/FreeBSD ccd,) against the library.
 
 use serde_json::Value;
 use tagstripe_striping::{Error, Flavor, Geometry, ReadBalancer};

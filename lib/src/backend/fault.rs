@@ -198,7 +198,9 @@ impl<D: BlockDevice> FaultDevice<D> {
                 op,
                 start,
                 sectors,
-                source: std::io::Error::other("injected fault"),
+                // What a failing disk returns: EIO, so callers that look at the errno (and
+                // the NBD server's replies) see a real one.
+                source: std::io::Error::from_raw_os_error(libc::EIO),
             },
         }
     }

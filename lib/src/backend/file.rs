@@ -27,7 +27,7 @@ pub(crate) fn needs_copy(data: &Bytes, direct: bool) -> bool {
 }
 
 /// Alignment of `O_DIRECT` buffers: a page, which every device here accepts
-/// (reference/ecosystem.md §A.3 measured 512 as the DMA alignment, 4 KiB as the largest
+/// (measured here: 512 as the DMA alignment, 4 KiB as the largest
 /// logical block).
 const DIRECT_ALIGN: usize = 4096;
 

@@ -50,7 +50,9 @@ impl State {
 /// use tagstripe::scheduler::Profile;
 /// use tagstripe::{BlockDevice, IoOpts, SimDevice};
 /// # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap().block_on(async {
-/// let d = SimDevice::new("sim0", Profile::Hdd1998.config(), 1 << 20);
+/// let d = SimDevice::new("sim0", Profile::Hdd1998.config(), 1 << 20)?;
+/// let too_big = Profile::Hdd1998.config().capacity_sectors + 1;
+/// assert!(SimDevice::new("sim1", Profile::Hdd1998.config(), too_big).is_err());
 /// let t = tokio::time::Instant::now();
 /// d.write(2048, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
 /// assert_eq!(d.read(2048, 8, IoOpts::new()).await?, vec![1u8; 4096]);
@@ -76,14 +78,26 @@ impl std::fmt::Debug for Shared {
 }
 
 impl SimDevice {
-    /// A simulated disk of `sectors` sectors (at most the model's capacity) with the
-    /// model's parameters; its tag window is also its `max_tags`.
-    #[must_use]
-    pub fn new(name: &str, cfg: DiskConfig, sectors: u64) -> Self {
-        let mut info = DeviceInfo::new(name, sectors.min(cfg.capacity_sectors));
+    /// A simulated disk of `sectors` sectors with the model's parameters; its tag window is
+    /// also its `max_tags`.
+    ///
+    /// # Errors
+    /// [`Error::BadLength`] if `sectors` is 0 or more than the model's capacity (the model
+    /// could not place the sectors beyond it).
+    pub fn new(name: &str, cfg: DiskConfig, sectors: u64) -> Result<Self> {
+        if sectors == 0 || sectors > cfg.capacity_sectors {
+            return Err(Error::BadLength {
+                device: name.to_owned(),
+                what: format!(
+                    "a simulated disk of {sectors} sectors: the model holds 1 to {}",
+                    cfg.capacity_sectors
+                ),
+            });
+        }
+        let mut info = DeviceInfo::new(name, sectors);
         info.limits.max_tags = cfg.window.max(1);
         info.limits.min_tags = info.limits.min_tags.min(info.limits.max_tags);
-        Self {
+        Ok(Self {
             data: MemDevice::with_info(info),
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
@@ -95,7 +109,7 @@ impl SimDevice {
                 }),
                 wake: Notify::new(),
             }),
-        }
+        })
     }
 
     /// Advertises `tags` as the device's `max_tags` while its real window stays the model's:
@@ -110,8 +124,10 @@ impl SimDevice {
     }
 
     /// A simulated disk with a named profile's parameters.
-    #[must_use]
-    pub fn with_profile(name: &str, profile: Profile, sectors: u64) -> Self {
+    ///
+    /// # Errors
+    /// As [`SimDevice::new`].
+    pub fn with_profile(name: &str, profile: Profile, sectors: u64) -> Result<Self> {
         Self::new(name, profile.config(), sectors)
     }
 

@@ -362,7 +362,7 @@ impl<D: BlockDevice> Queue<D> {
     {
         // Times come from the queue's clock, read under its lock anyway.
         let (mut acq, started) = self.acquire(Self::meta(op, opts, bytes / 512))?;
-        self.stats.begin();
+        let counted = self.stats.begin();
         let mut ended = started;
         let result = loop {
             let (guard, tag, kind) = match self.wait(acq).await {
@@ -378,7 +378,7 @@ impl<D: BlockDevice> Queue<D> {
             }
         };
         let took = Duration::from_nanos(ended.saturating_sub(started));
-        self.stats.end(op, bytes, took, result.is_ok());
+        counted.end(op, bytes, took, result.is_ok());
         result
     }
 }
@@ -457,7 +457,7 @@ impl<D: BlockDevice> Queue<D> {
     async fn read_piece(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = buf.len() as u64 / 512;
         let (mut acq, started) = self.acquire(Self::meta(OpKind::Read, opts, sectors))?;
-        self.stats.begin();
+        let counted = self.stats.begin();
         let mut ended = started;
         let result = loop {
             let (guard, tag, kind) = match self.wait(acq).await {
@@ -474,7 +474,7 @@ impl<D: BlockDevice> Queue<D> {
         };
         let bytes = buf.len() as u64;
         let took = Duration::from_nanos(ended.saturating_sub(started));
-        self.stats.end(OpKind::Read, bytes, took, result.is_ok());
+        counted.end(OpKind::Read, bytes, took, result.is_ok());
         result
     }
 
