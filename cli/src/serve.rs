@@ -16,7 +16,11 @@ use crate::components::{self, OpenOptions};
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// Address and port to listen on (loopback unless another address is given; port 0
-    /// picks a free one), or `unix:PATH` for a Unix socket.
+    /// picks a free one), `unix:PATH` for a Unix socket, or `-` for one connection on
+    /// standard input and output (as inetd and libnbd's `connect_command` start a server;
+    /// messages then go to standard error). Started by systemd socket activation
+    /// (`LISTEN_PID` naming this process, `LISTEN_FDS`), it serves the sockets passed from
+    /// fd 3 instead.
     #[arg(long, default_value = "127.0.0.1:10809")]
     listen: String,
     /// The export's name.
@@ -120,8 +124,15 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         }
     };
     let info = device.info().clone();
-    outln!("listening on {}", listener.url(&args.export));
-    outln!(
+    // On standard output only the protocol may travel: say everything on stderr then.
+    let stdio = matches!(listener, Listener::Stdio);
+    macro_rules! say {
+        ($($arg:tt)*) => {
+            if stdio { eprintln!($($arg)*) } else { outln!($($arg)*) }
+        };
+    }
+    say!("listening on {}", listener.url(&args.export));
+    say!(
         "export {:?}: {} sectors ({} bytes){}, logical block {} bytes",
         args.export,
         info.sectors,
@@ -134,8 +145,8 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         info.limits.logical_block_size
     );
     match geometry {
-        Some(g) => outln!("{g}"),
-        None => outln!("one component, exported directly: {}", info.name),
+        Some(g) => say!("{g}"),
+        None => say!("one component, exported directly: {}", info.name),
     }
     let server = Arc::new(NbdServer::new(config).export_with(
         &args.export,
@@ -184,37 +195,100 @@ async fn serve(args: &ServeArgs) -> ExitCode {
     code
 }
 
-/// Where the server listens: TCP, or a Unix socket (removed when the server stops).
+/// Where the server listens: TCP, a Unix socket (removed when the server stops), one
+/// connection on standard input and output, or the sockets systemd passed.
 enum Listener {
     Tcp(tokio::net::TcpListener, std::net::SocketAddr),
     Unix(tokio::net::UnixListener, UnixPath),
+    Stdio,
+    Activated(Vec<Listener>),
 }
 
-/// A Unix socket's path, unlinked when dropped.
-struct UnixPath(String);
+/// A Unix socket's path: the one to unlink when dropped (empty: none), and the one shown.
+struct UnixPath(String, String);
 
 impl Drop for UnixPath {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if !self.0.is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
+}
+
+/// The sockets of systemd socket activation: fds 3 .. 3 + `LISTEN_FDS` when `LISTEN_PID`
+/// names this process (sd_listen_fds(3)); `None` otherwise.
+fn activation_fds() -> Option<Vec<std::os::fd::OwnedFd>> {
+    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
+    if pid != std::process::id() {
+        return None;
+    }
+    let n: i32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+    if !(1..=64).contains(&n) {
+        return None;
+    }
+    let fds = (3..3 + n)
+        .map(|fd| {
+            // SAFETY: by the socket activation protocol, fds 3 .. 3 + LISTEN_FDS are open
+            // listening sockets handed to this process (LISTEN_PID says it is this one) and
+            // owned by nobody else in it; each is taken once, here, and closed only by its
+            // `OwnedFd`. Exercised by the serve test that starts tagstripe through libnbd's
+            // connect_systemd_socket_activation.
+            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+        })
+        .collect();
+    Some(fds)
 }
 
 impl Listener {
     async fn bind(spec: &str) -> std::io::Result<Self> {
+        if let Some(fds) = activation_fds() {
+            return fds
+                .into_iter()
+                .map(Self::from_fd)
+                .collect::<std::io::Result<Vec<_>>>()
+                .map(Self::Activated);
+        }
+        if spec == "-" {
+            return Ok(Self::Stdio);
+        }
         if let Some(path) = spec.strip_prefix("unix:") {
             let l = tokio::net::UnixListener::bind(path)?;
-            return Ok(Self::Unix(l, UnixPath(path.to_owned())));
+            return Ok(Self::Unix(l, UnixPath(path.to_owned(), path.to_owned())));
         }
         let l = tokio::net::TcpListener::bind(spec).await?;
         let addr = l.local_addr()?;
         Ok(Self::Tcp(l, addr))
     }
 
+    /// A listening socket systemd passed: TCP or Unix.
+    fn from_fd(fd: std::os::fd::OwnedFd) -> std::io::Result<Self> {
+        let tcp = std::net::TcpListener::from(fd);
+        if let Ok(addr) = tcp.local_addr() {
+            tcp.set_nonblocking(true)?;
+            return Ok(Self::Tcp(tokio::net::TcpListener::from_std(tcp)?, addr));
+        }
+        let unix = std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(tcp));
+        unix.set_nonblocking(true)?;
+        let path = unix
+            .local_addr()?
+            .as_pathname()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        // Not ours to remove: systemd (or whoever passed it) owns the path.
+        let l = tokio::net::UnixListener::from_std(unix)?;
+        Ok(Self::Unix(l, UnixPath(String::new(), path)))
+    }
+
     /// The URL clients use for `export`.
     fn url(&self, export: &str) -> String {
         match self {
             Self::Tcp(_, addr) => format!("nbd://{addr}/{export}"),
-            Self::Unix(_, p) => format!("nbd+unix:///{export}?socket={}", p.0),
+            Self::Unix(_, p) => format!("nbd+unix:///{export}?socket={}", p.1),
+            Self::Stdio => "standard input and output (one connection)".to_owned(),
+            Self::Activated(ls) => {
+                let urls: Vec<String> = ls.iter().map(|l| l.url(export)).collect();
+                format!("{} (systemd socket activation)", urls.join(", "))
+            }
         }
     }
 
@@ -222,6 +296,20 @@ impl Listener {
         match self {
             Self::Tcp(l, _) => server.serve(l).await,
             Self::Unix(l, _path) => server.serve_unix(l).await,
+            Self::Stdio => {
+                let io = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
+                let class = server.config().class;
+                server
+                    .serve_connection(io, class)
+                    .await
+                    .map_err(std::io::Error::from)
+            }
+            Self::Activated(ls) => {
+                let all = ls
+                    .into_iter()
+                    .map(|l| Box::pin(l.serve(Arc::clone(&server))));
+                futures_util::future::try_join_all(all).await.map(|_| ())
+            }
         }
     }
 }

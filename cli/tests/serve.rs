@@ -396,3 +396,81 @@ fn serve_on_a_unix_socket_and_stripe_over_one() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether `/usr/bin/python3` has libnbd's bindings (Debian's python3-libnbd).
+fn have_python_libnbd() -> bool {
+    let ok = Command::new("/usr/bin/python3")
+        .args(["-c", "import nbd"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("skipping: /usr/bin/python3 has no nbd module (Debian: python3-libnbd)");
+    }
+    ok
+}
+
+/// libnbd starts `tagstripe serve` the two ways the ecosystem starts servers: with
+/// `connect_command` (`--listen -`, one connection on stdin/stdout) and with
+/// `connect_systemd_socket_activation` (LISTEN_PID / LISTEN_FDS); data written through one
+/// is read back through the other and is in the file; nbdinfo's `[ CMD ]` form works too.
+#[test]
+fn libnbd_starts_serve_by_command_and_by_socket_activation() {
+    if !have_python_libnbd() {
+        return;
+    }
+    let dir = scratch("start-modes");
+    let img = dir.join("disk.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(16 << 20))
+        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_tagstripe");
+    let script = r#"
+import sys, nbd
+bin, img = sys.argv[1], sys.argv[2]
+h = nbd.NBD()
+h.connect_command([bin, "serve", "--listen", "-", img])
+assert h.get_size() == 16 << 20, h.get_size()
+h.pwrite(b"\xab" * 65536, 1 << 20)
+h.flush()
+h.shutdown()
+h = nbd.NBD()
+h.connect_systemd_socket_activation([bin, "serve", img])
+assert h.pread(65536, 1 << 20) == b"\xab" * 65536
+h.pwrite(b"\xcd" * 4096, 0)
+h.flush()
+h.shutdown()
+print("libnbd ok")
+"#;
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", script, bin, img.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("libnbd ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let raw = std::fs::read(&img).unwrap();
+    assert!(raw[..4096].iter().all(|&b| b == 0xcd));
+    assert!(raw[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0xab));
+    if have("nbdinfo") {
+        let out = Command::new("nbdinfo")
+            .args([
+                "--json",
+                "--",
+                "[",
+                bin,
+                "serve",
+                img.to_str().unwrap(),
+                "]",
+            ])
+            .output()
+            .unwrap();
+        let j = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{j}");
+        assert!(j.contains("\"export-size\": 16777216"), "{j}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
