@@ -45,6 +45,14 @@ pub(crate) struct ServeArgs {
     /// best-effort, bulk or idle.
     #[arg(long, default_value = "best-effort", value_parser = parse_class)]
     class: IoClass,
+    /// TCP peers that may connect: comma-separated ADDR[/PREFIX] (others are closed before
+    /// negotiation). Required, or --insecure, to listen on an address that is not loopback.
+    #[arg(long, value_name = "ADDR[/PREFIX],...")]
+    allow: Option<String>,
+    /// Listen on an address that is not loopback with no allow-list (anyone who can reach
+    /// it may read and write the volume).
+    #[arg(long)]
+    insecure: bool,
     /// Largest request a client may send, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_request: u32,
@@ -112,9 +120,14 @@ async fn serve(args: &ServeArgs) -> ExitCode {
             false,
         );
     }
+    let allow: tagstripe::nbd::AllowList = match args.allow.as_deref().unwrap_or("").parse() {
+        Ok(a) => a,
+        Err(e) => return crate::fail("serve", "bad_option", &format!("--allow: {e}"), false),
+    };
     let config = ServerConfig {
         max_request: args.max_request,
         class: args.class,
+        allow: allow.clone(),
         ..ServerConfig::default()
     };
     let listener = match Listener::bind(&args.listen).await {
@@ -123,6 +136,20 @@ async fn serve(args: &ServeArgs) -> ExitCode {
             return crate::fail("serve", "listen", &format!("{}: {e}", args.listen), false);
         }
     };
+    if let Listener::Tcp(_, addr) = &listener {
+        if !addr.ip().is_loopback() && allow.is_empty() && !args.insecure {
+            return crate::fail(
+                "serve",
+                "insecure",
+                &format!(
+                    "listening on {addr} lets anyone who can reach it read and write the volume \
+                     (the connection is not encrypted: TLS is not available yet); restrict it \
+                     with --allow ADDR[/PREFIX],... or accept the risk with --insecure"
+                ),
+                false,
+            );
+        }
+    }
     let info = device.info().clone();
     // On standard output only the protocol may travel: say everything on stderr then.
     let stdio = matches!(listener, Listener::Stdio);

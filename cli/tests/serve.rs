@@ -474,3 +474,64 @@ print("libnbd ok")
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Who may connect: a peer not on `--allow` is closed before a byte of negotiation (and the
+/// server keeps serving those that are); listening beyond loopback with no allow-list and no
+/// `--insecure` is refused with a message that says how to proceed.
+#[test]
+fn allow_list_and_the_refusal_to_listen_openly() {
+    use std::io::Read as _;
+    let dir = scratch("allow");
+    let img = dir.join("disk.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(4 << 20))
+        .unwrap();
+    let img = img.to_str().unwrap();
+    let peer_of = |url: &str| {
+        url.trim_start_matches("nbd://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+
+    // 127.0.0.1 is not in 192.0.2.0/24: closed at once, nothing sent.
+    let s = Serve::start(&["--allow", "192.0.2.0/24", img]);
+    let mut c = std::net::TcpStream::connect(peer_of(&s.url)).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 18];
+    assert_eq!(
+        c.read(&mut b).unwrap_or(0),
+        0,
+        "a refused peer sees no greeting"
+    );
+    drop(s);
+
+    // On the list: the greeting comes.
+    let s = Serve::start(&["--allow", "192.0.2.0/24,127.0.0.0/8", img]);
+    let mut c = std::net::TcpStream::connect(peer_of(&s.url)).unwrap();
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b[..8], b"NBDMAGIC");
+    drop(s);
+
+    // Not loopback, no --allow: refused, exit 2, and the message names the ways out.
+    let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args(["serve", "--listen", "0.0.0.0:0", img])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--allow") && err.contains("--insecure"),
+        "{err}"
+    );
+    // A bad network is a clear error too.
+    let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args(["serve", "--allow", "10.0.0.0/40", img])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("prefix must be 0 to 32"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

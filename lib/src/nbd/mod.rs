@@ -4,9 +4,11 @@
 //!
 //! Feature `nbd`.
 
+mod allow;
 mod client;
 pub mod proto;
 mod server;
 
+pub use allow::{AllowList, Network};
 pub use client::{ClientConfig, NbdDevice, NbdUrl};
 pub use server::{NbdServer, ServerConfig, ServerCounters};

@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Connections served at once (default 1024); more wait to be accepted.
     pub max_connections: usize,
+    /// TCP peers that may connect (default: everyone); others are closed before
+    /// negotiation and counted in [`ServerCounters::refused`].
+    pub allow: super::AllowList,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +46,7 @@ impl Default for ServerConfig {
             class: IoClass::BestEffort,
             handshake_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            allow: super::AllowList::default(),
         }
     }
 }
@@ -64,6 +68,8 @@ pub struct ServerCounters {
     pub transmissions: AtomicU64,
     /// Connections closed because of a protocol violation.
     pub protocol_errors: AtomicU64,
+    /// TCP connections closed at once because the peer is not on the allow-list.
+    pub refused: AtomicU64,
     /// Requests read off the wire.
     pub requests: AtomicU64,
     /// Requests answered (successfully or with an error).
@@ -208,12 +214,21 @@ impl NbdServer {
     /// The listener's error.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
         let l = &listener;
-        self.accept_loop(move || async move {
-            let (s, _) = l.accept().await?;
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        })
-        .await
+        let me = &self;
+        self.clone()
+            .accept_loop(move || async move {
+                loop {
+                    let (s, peer) = l.accept().await?;
+                    if me.config.allow.allows(peer.ip()) {
+                        let _ = s.set_nodelay(true);
+                        return Ok(s);
+                    }
+                    // Not on the allow-list: closed before a byte is sent.
+                    me.counters.refused.fetch_add(1, Relaxed);
+                    drop(s);
+                }
+            })
+            .await
     }
 
     /// Accepts connections on a Unix socket until the listener fails (clients reach it as
