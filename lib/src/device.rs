@@ -22,22 +22,44 @@ pub struct DeviceInfo {
     pub identity: Identity,
     /// Refuses writes, flushes and discards.
     pub read_only: bool,
-    /// Discard is supported.
+    /// Discard is supported. Kept equal to `limits.max_discard_sectors > 0` (one meaning
+    /// for 0 there: no discard); set both with [`DeviceInfo::set_discard`].
     pub discard: bool,
 }
 
 impl DeviceInfo {
-    /// A writable device of `sectors` sectors with default limits.
+    /// A writable device of `sectors` sectors with default limits, discard supported with
+    /// no per-request cap (`max_discard_sectors` = `u32::MAX`).
     #[must_use]
     pub fn new(name: impl Into<String>, sectors: u64) -> Self {
+        let mut limits = Limits::default();
+        limits.max_discard_sectors = u32::MAX;
         Self {
             name: name.into(),
             sectors,
-            limits: Limits::default(),
+            limits,
             identity: Identity::default(),
             read_only: false,
             discard: true,
         }
+    }
+
+    /// Says whether discard is supported, keeping `discard` and `limits.max_discard_sectors`
+    /// in agreement (0 sectors: none; on, a cap already set is kept, else none is set).
+    ///
+    /// ```
+    /// let mut i = tagstripe::DeviceInfo::new("d", 1024);
+    /// i.set_discard(false);
+    /// assert!(!i.discard);
+    /// assert_eq!(i.limits.max_discard_sectors, 0);
+    /// ```
+    pub fn set_discard(&mut self, on: bool) {
+        self.discard = on;
+        self.limits.max_discard_sectors = match (on, self.limits.max_discard_sectors) {
+            (false, _) => 0,
+            (true, 0) => u32::MAX,
+            (true, n) => n,
+        };
     }
 
     /// Size in bytes.

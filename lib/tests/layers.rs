@@ -265,3 +265,45 @@ fn injected_errors_are_eio() {
         }
     });
 }
+
+/// A `notrim` quirk takes discard away end to end: the volume says it has none and refuses
+/// a discard with a typed error, nothing changed; without it the same volume discards.
+#[test]
+fn notrim_makes_discard_unsupported_end_to_end() {
+    rt().block_on(async {
+        let quirks = QuirkSet::empty().with_force("*:notrim").unwrap();
+        let vol = Volume::builder(mem(2, 4096))
+            .interleave(64)
+            .quirks(quirks)
+            .build()
+            .unwrap();
+        assert!(!vol.info().discard);
+        assert_eq!(vol.info().limits.max_discard_sectors, 0);
+        vol.write(0, Bytes::from(vec![1u8; 65536]), IoOpts::new())
+            .await
+            .unwrap();
+        assert!(matches!(
+            vol.discard(0, 128, IoOpts::new()).await,
+            Err(Error::Unsupported { .. })
+        ));
+        assert_eq!(
+            vol.read(0, 128, IoOpts::new()).await.unwrap(),
+            vec![1u8; 65536]
+        );
+
+        let vol = Volume::builder(mem(2, 4096))
+            .interleave(64)
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        assert!(vol.info().discard);
+        vol.write(0, Bytes::from(vec![1u8; 65536]), IoOpts::new())
+            .await
+            .unwrap();
+        vol.discard(0, 128, IoOpts::new()).await.unwrap();
+        assert_eq!(
+            vol.read(0, 128, IoOpts::new()).await.unwrap(),
+            vec![0u8; 65536]
+        );
+    });
+}

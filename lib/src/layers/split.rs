@@ -41,6 +41,8 @@ impl<D: BlockDevice> Split<D> {
         let splitter = Splitter::for_device(applied, mod15)?;
         let mut info = dev.info().clone();
         info.limits = splitter.limits().clone();
+        // A quirk may take discard away (`notrim`): then the device has none, end to end.
+        info.discard = info.discard && info.limits.max_discard_sectors > 0;
         Ok(Self {
             dev,
             info,
@@ -103,10 +105,6 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
 
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
-        if self.info.limits.max_discard_sectors == 0 {
-            // No discard limits were given: pass it whole.
-            return self.dev.discard(start, sectors, opts).await;
-        }
         let pieces = self.splitter.split(Op::Discard, start, sectors)?;
         super::all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
         Ok(())
