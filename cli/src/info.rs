@@ -122,7 +122,11 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         l.max_sectors,
         l.max_segments,
         l.chunk_sectors,
-        l.max_discard_sectors,
+        match l.max_discard_sectors {
+            0 => "none".to_owned(),
+            u32::MAX => "no cap".to_owned(),
+            n => n.to_string(),
+        },
         l.max_tags
     );
     if resolved.matches.is_empty() {
