@@ -75,7 +75,7 @@ pub(crate) fn parse_flavor(s: &str) -> Result<Flavor, String> {
     s.parse().map_err(|e: Error| e.to_string())
 }
 
-fn parse_mirror_reads(s: &str) -> Result<MirrorReads, String> {
+pub(crate) fn parse_mirror_reads(s: &str) -> Result<MirrorReads, String> {
     match s {
         "primary" => Ok(MirrorReads::Primary),
         "dual-seek-zone" => Ok(MirrorReads::DualSeekZone),

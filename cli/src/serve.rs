@@ -35,6 +35,23 @@ pub(crate) struct ServeArgs {
     /// Every component contributes the smallest size.
     #[arg(long)]
     uniform: bool,
+    /// Mirror the first half of the components onto the second (ccd's CCDF_MIRROR; with
+    /// --flavor freebsd or netbsd1997).
+    #[arg(long)]
+    mirror: bool,
+    /// How mirror reads choose a side: primary or dual-seek-zone (default: the flavor's).
+    #[arg(long, value_parser = crate::map::parse_mirror_reads)]
+    mirror_reads: Option<tagstripe::striping::MirrorReads>,
+    /// FreeBSD: no reserved area at the start of each component.
+    #[arg(long)]
+    no_offset: bool,
+    /// FreeBSD linux mode: interleave given in KiB (doubled), no reserved area.
+    #[arg(long)]
+    linux: bool,
+    /// Sectors reserved at the start of each component (e.g. md's data_offset), instead of
+    /// the flavor's.
+    #[arg(long)]
+    reserved: Option<u64>,
     /// Export read-only.
     #[arg(long)]
     read_only: bool,
@@ -97,13 +114,22 @@ async fn serve(args: &ServeArgs) -> ExitCode {
     let (device, geometry): (Arc<dyn BlockDevice>, Option<String>) = if comps.len() == 1 {
         (Arc::clone(&comps[0]), None)
     } else {
-        let vol = Volume::builder(comps)
+        let mut b = Volume::builder(comps)
             .name(&args.export)
             .interleave(args.interleave)
             .flavor(args.flavor)
             .uniform(args.uniform)
-            .quirks(QuirkSet::builtin())
-            .build();
+            .mirror(args.mirror)
+            .no_offset(args.no_offset)
+            .linux(args.linux)
+            .quirks(QuirkSet::builtin());
+        if let Some(r) = args.reserved {
+            b = b.reserved(r);
+        }
+        if let Some(m) = args.mirror_reads {
+            b = b.mirror_reads(m);
+        }
+        let vol = b.build();
         match vol {
             Ok(v) => {
                 let g = v.geometry().to_string();

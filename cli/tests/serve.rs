@@ -535,3 +535,55 @@ fn allow_list_and_the_refusal_to_listen_openly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("prefix must be 0 to 32"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve --mirror` with the geometry flags: a FreeBSD mirror with no reserved area and
+/// primary reads; qemu-io writes through it and both halves hold the bytes where the
+/// geometry puts them.
+#[test]
+fn serve_mirror_with_geometry_flags() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("mirror");
+    let files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("m{i}.img"))).collect();
+    for f in &files {
+        std::fs::File::create(f)
+            .and_then(|h| h.set_len(8 << 20))
+            .unwrap();
+    }
+    let paths: Vec<&str> = files.iter().map(|p| p.to_str().unwrap()).collect();
+    let mut args = vec![
+        "--flavor",
+        "freebsd",
+        "--mirror",
+        "--no-offset",
+        "--mirror-reads",
+        "primary",
+        "--interleave",
+        "16",
+    ];
+    args.extend(&paths);
+    let s = Serve::start(&args);
+    assert!(s.out.iter().any(|l| l.contains("mirror")), "{:?}", s.out);
+    qemu_io(
+        &s.url,
+        &[
+            "write -P 0x5c 1M 256k".to_owned(),
+            "read -P 0x5c 1M 256k".to_owned(),
+            "flush".to_owned(),
+        ],
+    );
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    // No reserved area, one data component: volume sector = component sector, twice.
+    for f in &files {
+        let raw = std::fs::read(f).unwrap();
+        assert!(
+            raw[1 << 20..(1 << 20) + (256 << 10)]
+                .iter()
+                .all(|&b| b == 0x5c)
+        );
+        assert!(raw[..1 << 20].iter().all(|&b| b == 0));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

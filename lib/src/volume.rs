@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tagstripe_quirks::{Mod15, QuirkSet};
 use tagstripe_scheduler::{Fair, FairConfig};
-use tagstripe_striping::{Flavor, Geometry};
+use tagstripe_striping::{Flavor, Geometry, MirrorReads};
 
 use crate::stats::{OpKind, Stats};
 use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, QueueHandle, Result, Split, Striped};
@@ -37,6 +37,10 @@ pub struct VolumeBuilder {
     uniform: bool,
     mirror: bool,
     no_offset: bool,
+    linux: bool,
+    reserved: Option<u64>,
+    sector_size: Option<u32>,
+    mirror_reads: Option<MirrorReads>,
     quirks: QuirkSet,
     mod15: Mod15,
     fair: FairConfig,
@@ -86,6 +90,37 @@ impl VolumeBuilder {
         self
     }
 
+    /// FreeBSD's `linux` mode: the interleave is given in KiB (doubled) and no reserved
+    /// area is kept (`GeometryBuilder::linux`).
+    #[must_use]
+    pub fn linux(mut self, on: bool) -> Self {
+        self.linux = on;
+        self
+    }
+
+    /// Sectors reserved at the start of each component (e.g. md's `data_offset`), instead of
+    /// the flavor's (`GeometryBuilder::reserved`).
+    #[must_use]
+    pub fn reserved(mut self, sectors: u64) -> Self {
+        self.reserved = Some(sectors);
+        self
+    }
+
+    /// The sector size in bytes the geometry checks alignment against; default (and never
+    /// less than) the largest logical block of the components.
+    #[must_use]
+    pub fn sector_size(mut self, bytes: u32) -> Self {
+        self.sector_size = Some(bytes);
+        self
+    }
+
+    /// How mirror reads choose a side; default: the flavor's.
+    #[must_use]
+    pub fn mirror_reads(mut self, policy: MirrorReads) -> Self {
+        self.mirror_reads = Some(policy);
+        self
+    }
+
     /// The quirk layers to apply to each component (default: the built-in table).
     #[must_use]
     pub fn quirks(mut self, quirks: QuirkSet) -> Self {
@@ -127,14 +162,19 @@ impl VolumeBuilder {
             .iter()
             .map(|c| c.info().limits.logical_block_size)
             .max()
-            .unwrap_or(512);
-        let geometry = Geometry::builder(sizes, self.interleave)
-            .flavor(self.flavor)
+            .unwrap_or(512)
+            .max(self.sector_size.unwrap_or(0));
+        let mut gb = Geometry::builder(sizes, self.interleave);
+        gb.flavor(self.flavor)
             .uniform(self.uniform)
             .mirror(self.mirror)
             .no_offset(self.no_offset)
-            .sector_size(sector_size)
-            .build()?;
+            .linux(self.linux)
+            .sector_size(sector_size);
+        if let Some(r) = self.reserved {
+            gb.reserved(r);
+        }
+        let geometry = gb.build()?;
         let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(self.components.len());
         let mut component_stats = Vec::new();
         let mut queues = Vec::new();
@@ -152,6 +192,9 @@ impl VolumeBuilder {
             wrapped.push(dev);
         }
         let striped = Striped::new(&self.name, geometry, wrapped)?;
+        if let Some(policy) = self.mirror_reads {
+            striped.set_mirror_reads(policy);
+        }
         Ok(Volume {
             striped,
             stats: Stats::default(),
@@ -183,6 +226,10 @@ impl Volume {
             uniform: false,
             mirror: false,
             no_offset: false,
+            linux: false,
+            reserved: None,
+            sector_size: None,
+            mirror_reads: None,
             quirks: QuirkSet::builtin(),
             mod15: Mod15::Cap15,
             fair: FairConfig::default(),
