@@ -307,3 +307,71 @@ fn notrim_makes_discard_unsupported_end_to_end() {
         );
     });
 }
+
+/// `tracing` sees what a storage engineer wants to know: a mirror side dropped, QUEUE FULL
+/// back-off and the openings it changed.
+#[test]
+fn tracing_events_for_mirror_drops_and_back_off() {
+    use std::io::Write;
+    use std::sync::Mutex;
+    use tagstripe::striping::Flavor;
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl Write for Capture {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let cap = Capture::default();
+    let writer = cap.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // A mirror whose side 1 fails every write: dropped, the write still succeeds.
+            let b = Arc::new(FaultDevice::new(MemDevice::new("side1", 1024)));
+            b.inject(Fault::always(FaultOp::Write, FaultKind::Error));
+            let comps: Vec<Arc<dyn BlockDevice>> =
+                vec![Arc::new(MemDevice::new("side0", 1024)), b.clone()];
+            let vol = Volume::builder(comps)
+                .flavor(Flavor::FreeBsd)
+                .mirror(true)
+                .quirks(QuirkSet::empty())
+                .build()
+                .unwrap();
+            vol.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(vol.degraded(), [1]);
+            // QUEUE FULL from a device with requests in flight: the queue backs off.
+            let d = Arc::new(FaultDevice::new(MemDevice::new("full", 1024)));
+            d.inject(Fault {
+                nth: Some(3),
+                ..Fault::always(FaultOp::Read, FaultKind::QueueFull)
+            });
+            let q = Arc::new(tagstripe::Queue::new(d.clone()));
+            let reads = (0..8u64).map(|i| {
+                let q = Arc::clone(&q);
+                async move { q.read(i * 8, 8, IoOpts::new()).await }
+            });
+            for r in futures_util::future::join_all(reads).await {
+                r.unwrap();
+            }
+        });
+    });
+    let text = String::from_utf8(cap.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("mirror side dropped"), "{text}");
+    assert!(text.contains("component=1"), "{text}");
+    assert!(text.contains("QUEUE FULL: backing off"), "{text}");
+}

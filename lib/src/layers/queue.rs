@@ -65,6 +65,8 @@ enum Acquired {
 }
 
 struct Inner {
+    /// The device's name, for events.
+    name: String,
     q: TagQueue<Waiter, Box<dyn Policy + Send>>,
     epoch: Instant,
     timer_at: Option<u64>,
@@ -132,6 +134,29 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
         }
     }
     while let Some(e) = g.q.poll_event() {
+        match e {
+            Event::Openings { openings } => tracing::info!(
+                target: "tagstripe::queue",
+                device = %g.name,
+                openings,
+                "tag openings changed"
+            ),
+            Event::Shaped(s) => tracing::debug!(
+                target: "tagstripe::queue",
+                device = %g.name,
+                budget_sectors = s.budget_sectors,
+                piece_sectors = s.piece_sectors,
+                target_us = s.target_ns / 1000,
+                "bulk shaping changed"
+            ),
+            Event::Barrier { ticket } => tracing::debug!(
+                target: "tagstripe::queue",
+                device = %g.name,
+                ticket = ticket.0,
+                "ordered tag sent to stop an interactive request's starvation"
+            ),
+            _ => {}
+        }
         if g.events.receiver_count() > 0 {
             let _ = g.events.send(e);
         }
@@ -199,6 +224,7 @@ impl<D: BlockDevice> Queue<D> {
         Self {
             cuts,
             inner: Arc::new(Mutex::new(Inner {
+                name: dev.info().name.clone(),
                 q: TagQueue::new(cfg, policy),
                 epoch: Instant::now(),
                 timer_at: None,
@@ -304,6 +330,13 @@ impl<D: BlockDevice> Queue<D> {
         let now = g.now();
         let again = match res {
             Err(e) if e.is_retryable() => {
+                tracing::info!(
+                    target: "tagstripe::queue",
+                    device = %g.name,
+                    in_flight = g.q.active_total(),
+                    "{}: backing off",
+                    if matches!(e, Error::Busy { .. }) { "BUSY" } else { "QUEUE FULL" }
+                );
                 let (tx, rx) = oneshot::channel();
                 let outcome = match e {
                     Error::Busy { .. } => Outcome::Busy(Waiter::Channel(tx)),
@@ -378,8 +411,24 @@ impl<D: BlockDevice> Queue<D> {
             }
         };
         let took = Duration::from_nanos(ended.saturating_sub(started));
+        slow(self.dev.info(), op, took);
         counted.end(op, bytes, took, result.is_ok());
         result
+    }
+}
+
+/// Requests slower than this are reported (`tracing` warning).
+const SLOW: Duration = Duration::from_secs(1);
+
+fn slow(info: &DeviceInfo, op: OpKind, took: Duration) {
+    if took >= SLOW {
+        tracing::warn!(
+            target: "tagstripe::queue",
+            device = %info.name,
+            op = ?op,
+            ms = took.as_millis() as u64,
+            "slow request"
+        );
     }
 }
 

@@ -186,6 +186,14 @@ impl Striped {
                         false
                     } else {
                         self.failed[c].store(true, Ordering::Relaxed);
+                        tracing::warn!(
+                            target: "tagstripe::mirror",
+                            volume = %self.info.name,
+                            component = c,
+                            partner = q,
+                            error = %e,
+                            "mirror side dropped: it failed a write its partner took; the volume serves degraded"
+                        );
                         true
                     }
                 });

@@ -319,6 +319,7 @@ impl NbdDevice {
         if !self.config.reconnect {
             return Err(closed(&why));
         }
+        tracing::warn!(target: "tagstripe::nbd", export = %self.info.name, why = %why, "connection lost: reconnecting");
         let _one = self.reconnecting.lock().await;
         // Someone else may have reconnected meanwhile.
         let now = Arc::clone(&self.conn.lock());
@@ -340,6 +341,7 @@ impl NbdDevice {
         }
         let conn = Arc::new(conn);
         *self.conn.lock() = Arc::clone(&conn);
+        tracing::info!(target: "tagstripe::nbd", export = %self.info.name, "reconnected (the export came back the same)");
         Ok(conn)
     }
 

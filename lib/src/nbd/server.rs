@@ -220,11 +220,13 @@ impl NbdServer {
                 loop {
                     let (s, peer) = l.accept().await?;
                     if me.config.allow.allows(peer.ip()) {
+                        tracing::info!(target: "tagstripe::nbd", peer = %peer, "connection");
                         let _ = s.set_nodelay(true);
                         return Ok(s);
                     }
                     // Not on the allow-list: closed before a byte is sent.
                     me.counters.refused.fetch_add(1, Relaxed);
+                    tracing::warn!(target: "tagstripe::nbd", peer = %peer, "connection refused: not on the allow-list");
                     drop(s);
                 }
             })
