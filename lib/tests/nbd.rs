@@ -294,17 +294,23 @@ async fn handshake(s: &mut TcpStream) {
 
 /// Negotiates export "vol" with NBD_OPT_EXPORT_NAME; returns the size.
 async fn open_raw(addr: &str) -> TcpStream {
+    open_raw_export(addr, "vol").await.0
+}
+
+/// Negotiates `name` with NBD_OPT_EXPORT_NAME; returns the stream and the export's
+/// transmission flags.
+async fn open_raw_export(addr: &str, name: &str) -> (TcpStream, u16) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     handshake(&mut s).await;
     let head = proto::OptionHeader {
         option: proto::OPT_EXPORT_NAME,
-        length: 3,
+        length: name.len() as u32,
     };
     s.write_all(&head.encode()).await.unwrap();
-    s.write_all(b"vol").await.unwrap();
+    s.write_all(name.as_bytes()).await.unwrap();
     let mut b = [0u8; 10];
     s.read_exact(&mut b).await.unwrap();
-    s
+    (s, u16::from_be_bytes([b[8], b[9]]))
 }
 
 async fn request(s: &mut TcpStream, command: u16, offset: u64, length: u32) -> u32 {
@@ -569,17 +575,7 @@ async fn command_flags_are_checked_and_read_only_exports_accept_flush() {
     assert_eq!(request(&mut s, 0, 0, 512).await, 0);
 
     // Read-only: FLUSH is advertised and succeeds; a write is EPERM.
-    let mut ro = TcpStream::connect(&addr).await.unwrap();
-    handshake(&mut ro).await;
-    let head = proto::OptionHeader {
-        option: proto::OPT_EXPORT_NAME,
-        length: 2,
-    };
-    ro.write_all(&head.encode()).await.unwrap();
-    ro.write_all(b"ro").await.unwrap();
-    let mut b = [0u8; 10];
-    ro.read_exact(&mut b).await.unwrap();
-    let flags = u16::from_be_bytes([b[8], b[9]]);
+    let (mut ro, flags) = open_raw_export(&addr, "ro").await;
     assert_ne!(flags & proto::TF_READ_ONLY, 0);
     assert_ne!(flags & proto::TF_SEND_FLUSH, 0);
     assert_eq!(request_with(&mut ro, req(Flush, 0, 0), &[]).await, 0);
