@@ -230,6 +230,103 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 
     /// Discards `sectors` sectors from `start`.
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()>;
+
+    /// Makes `sectors` sectors from `start` read as zeroes. With `z.unmap` the device may
+    /// deallocate them (punch a hole); with `z.fast_only` it must not fall back to writing
+    /// zeroes, and refuses with [`Error::Unsupported`] instead (NBD's `FAST_ZERO`). Backends
+    /// zero natively (files and block devices: `fallocate` zero-range or punch-hole; memory:
+    /// in place; NBD: `WRITE_ZEROES`); the default writes zero buffers, which is not fast.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice, Zeroes};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// d.write(0, Bytes::from(vec![7u8; 4096]), IoOpts::new()).await?;
+    /// d.write_zeroes(2, 4, Zeroes::new().fast_only(true), IoOpts::new()).await?;
+    /// let back = d.read(0, 8, IoOpts::new()).await?;
+    /// assert!(back[1024..3072].iter().all(|&b| b == 0) && back[..1024].iter().all(|&b| b == 7));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
+        write_zero_buffers(self, start, sectors, z, opts).await
+    }
+}
+
+/// How [`BlockDevice::write_zeroes`] may zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Zeroes {
+    /// The sectors may be deallocated (a hole that reads as zeroes).
+    pub unmap: bool,
+    /// Fail with [`Error::Unsupported`] rather than write zeroes the slow way.
+    pub fast_only: bool,
+}
+
+impl Zeroes {
+    /// Zero in place, falling back to writing zeroes.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// May deallocate.
+    #[must_use]
+    pub fn unmap(mut self, on: bool) -> Self {
+        self.unmap = on;
+        self
+    }
+
+    /// Only if fast.
+    #[must_use]
+    pub fn fast_only(mut self, on: bool) -> Self {
+        self.fast_only = on;
+        self
+    }
+}
+
+/// Zero buffers for the emulated path, written in pieces of this size.
+static ZERO_BUF: [u8; 1 << 20] = [0u8; 1 << 20];
+
+/// Zeroes by writing zero buffers (1 MiB pieces, whole logical blocks), or refuses with
+/// [`Error::Unsupported`] if only a fast way would do.
+pub(crate) async fn write_zero_buffers<D: BlockDevice + ?Sized>(
+    dev: &D,
+    start: u64,
+    sectors: u64,
+    z: Zeroes,
+    opts: IoOpts,
+) -> Result<()> {
+    check_zeroes(dev.info(), start, sectors)?;
+    if z.fast_only {
+        return Err(Error::Unsupported {
+            device: dev.info().name.clone(),
+            op: "fast write-zeroes",
+        });
+    }
+    let lbs = u64::from(dev.info().limits.logical_block_size / 512).max(1);
+    let step = (ZERO_BUF.len() as u64 / 512) / lbs * lbs;
+    let mut at = 0;
+    while at < sectors {
+        let n = step.min(sectors - at);
+        let piece = Bytes::from_static(&ZERO_BUF[..n as usize * 512]);
+        dev.write(start + at, piece, opts).await?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Checks a write-zeroes request like a write of that many sectors.
+pub(crate) fn check_zeroes(info: &DeviceInfo, start: u64, sectors: u64) -> Result<()> {
+    let bytes = sectors
+        .checked_mul(512)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| Error::Overflow {
+            device: info.name.clone(),
+            start,
+            sectors,
+        })?;
+    info.check_write(start, bytes).map(|_| ())
 }
 
 #[async_trait]
@@ -251,5 +348,8 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     }
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         (**self).discard(start, sectors, opts).await
+    }
+    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
+        (**self).write_zeroes(start, sectors, z, opts).await
     }
 }

@@ -352,6 +352,21 @@ impl BlockDevice for Volume {
         self.timed(OpKind::Flush, 0, self.striped.flush(opts)).await
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        self.timed(
+            OpKind::Write,
+            0,
+            self.striped.write_zeroes(start, sectors, z, opts),
+        )
+        .await
+    }
+
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.timed(
             OpKind::Discard,

@@ -871,3 +871,62 @@ async fn shutdown_answers_writes_in_flight_then_flushes() {
             .is_err()
     );
 }
+
+/// WRITE_ZEROES through the server is real zeroing: with FAST_ZERO on a device that zeroes
+/// natively it succeeds; on one that would only write zeroes the server answers ENOTSUP and
+/// writes nothing; the server advertises FAST_ZERO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_zeroes_and_fast_zero_through_the_server() {
+    use tagstripe::scheduler::Profile;
+    use tagstripe::{SimDevice, Zeroes};
+    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let sim: Arc<dyn BlockDevice> =
+        Arc::new(SimDevice::with_profile("sim", Profile::Ssd, 4096).unwrap());
+    let (base, _server) = start(
+        NbdServer::new(ServerConfig::default())
+            .export("vol", vol.clone())
+            .export("sim", sim.clone()),
+    )
+    .await;
+    let addr = base.trim_start_matches("nbd://").to_owned();
+    let (_s, flags) = open_raw_export(&addr, "vol").await;
+    assert_ne!(flags & proto::TF_SEND_FAST_ZERO, 0);
+
+    let c = NbdDevice::connect(&format!("{base}/vol")).await.unwrap();
+    c.write(0, Bytes::from(pattern(5, 65536)), IoOpts::new())
+        .await
+        .unwrap();
+    c.write_zeroes(16, 32, Zeroes::new().fast_only(true), IoOpts::new())
+        .await
+        .unwrap();
+    c.write_zeroes(64, 16, Zeroes::new().unmap(true), IoOpts::new())
+        .await
+        .unwrap();
+    let mut model = pattern(5, 65536);
+    model[16 * 512..48 * 512].fill(0);
+    model[64 * 512..80 * 512].fill(0);
+    assert_eq!(vol.read(0, 128, IoOpts::new()).await.unwrap(), model);
+
+    let s = NbdDevice::connect(&format!("{base}/sim")).await.unwrap();
+    s.write(0, Bytes::from(pattern(6, 8192)), IoOpts::new())
+        .await
+        .unwrap();
+    let fast = s
+        .write_zeroes(0, 16, Zeroes::new().fast_only(true), IoOpts::new())
+        .await;
+    assert!(
+        matches!(fast, Err(Error::Nbd { errno, .. }) if errno == proto::errno::ENOTSUP),
+        "{fast:?}"
+    );
+    assert_eq!(
+        sim.read(0, 16, IoOpts::new()).await.unwrap(),
+        pattern(6, 8192)
+    );
+    s.write_zeroes(0, 16, Zeroes::new(), IoOpts::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        sim.read(0, 16, IoOpts::new()).await.unwrap(),
+        vec![0u8; 8192]
+    );
+}

@@ -235,3 +235,42 @@ fn uring_unqueued_volume_over_a_loop_device_with_small_max_sectors() {
     });
     drop(lo);
 }
+
+/// write_zeroes through io_uring (fallocate zero-range and punch-hole), O_DIRECT or not:
+/// the ranges read as zeroes, the rest is untouched.
+#[test]
+fn uring_write_zeroes() {
+    use tagstripe::Zeroes;
+    for direct in [false, true] {
+        let path = std::env::temp_dir().join(format!(
+            "tagstripe-uring-zero-{}-{direct}.img",
+            std::process::id()
+        ));
+        drop(FileDevice::create(&path, 2048, FileOptions::default()).unwrap());
+        let Some(dev) = open(&path, direct) else {
+            return;
+        };
+        rt().block_on(async {
+            let data: Vec<u8> = (0..1 << 20).map(|i| (i % 249) as u8 + 1).collect();
+            dev.write(0, Bytes::from(data.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            dev.write_zeroes(8, 8, Zeroes::new(), IoOpts::new())
+                .await
+                .unwrap();
+            dev.write_zeroes(
+                64,
+                128,
+                Zeroes::new().unmap(true).fast_only(true),
+                IoOpts::new(),
+            )
+            .await
+            .unwrap();
+            let mut model = data;
+            model[8 * 512..16 * 512].fill(0);
+            model[64 * 512..192 * 512].fill(0);
+            assert_eq!(dev.read(0, 2048, IoOpts::new()).await.unwrap(), model);
+        });
+        std::fs::remove_file(&path).unwrap();
+    }
+}

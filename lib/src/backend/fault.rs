@@ -267,6 +267,23 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
         }
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        crate::device::check_zeroes(self.info(), start, sectors)?;
+        // Counted and failed as writes.
+        let (fault, latency) = self.decide(FaultOp::Write, Some((start, start + sectors)));
+        pause(latency).await;
+        match fault {
+            Some(k) => Err(self.error(k, "write-zeroes", start, sectors)),
+            None => self.inner.write_zeroes(start, sectors, z, opts).await,
+        }
+    }
+
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info().check_discard(start, sectors)?;
         let (fault, latency) = self.decide(FaultOp::Discard, Some((start, start + sectors)));

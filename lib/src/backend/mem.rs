@@ -117,6 +117,25 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        _z: crate::Zeroes,
+        _opts: IoOpts,
+    ) -> Result<()> {
+        // In place, as fast as memory: fast zeroing is honoured.
+        crate::device::check_zeroes(&self.info, start, sectors)?;
+        self.for_range(
+            start as usize * 512,
+            sectors as usize * 512,
+            |s, at, n, _| {
+                s.write()[at..at + n].fill(0);
+            },
+        );
+        Ok(())
+    }
+
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         self.for_range(

@@ -530,6 +530,39 @@ impl BlockDevice for UringDevice {
         self.fsync("flush", 0, 0).await
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        crate::device::check_zeroes(&self.info, start, sectors)?;
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        let mode = libc::FALLOC_FL_KEEP_SIZE
+            | if z.unmap {
+                libc::FALLOC_FL_PUNCH_HOLE
+            } else {
+                libc::FALLOC_FL_ZERO_RANGE
+            };
+        let e = opcode::Fallocate::new(fd, sectors * 512)
+            .offset(start * 512)
+            .mode(mode)
+            .build();
+        match self.simple("write-zeroes", start, sectors, e).await {
+            Ok(()) => {}
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                // Not natively: write zeroes (unless only fast would do).
+                crate::device::write_zero_buffers(self, start, sectors, z, opts).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        if opts.fua {
+            self.fsync("write-zeroes", start, sectors).await?;
+        }
+        Ok(())
+    }
+
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         let fd = types::Fd(self.shared.file.as_raw_fd());

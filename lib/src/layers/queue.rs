@@ -492,6 +492,21 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         .await
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        crate::device::check_zeroes(self.dev.info(), start, sectors)?;
+        // A write at the device as far as the queue is concerned (no bytes moved).
+        self.run(OpKind::Write, 0, opts, |k| {
+            self.dev.write_zeroes(start, sectors, z, with_kind(opts, k))
+        })
+        .await
+    }
+
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.dev.info().check_discard(start, sectors)?;
         self.run(OpKind::Discard, 0, opts, |k| {

@@ -103,6 +103,18 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         self.dev.flush(opts).await
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        // Zeroing carries no data: the device takes it whole (each backend cuts its own).
+        crate::device::check_zeroes(&self.info, start, sectors)?;
+        self.dev.write_zeroes(start, sectors, z, opts).await
+    }
+
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         let pieces = self.splitter.split(Op::Discard, start, sectors)?;

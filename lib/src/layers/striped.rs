@@ -312,6 +312,26 @@ impl BlockDevice for Striped {
         Ok(())
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        crate::device::check_zeroes(&self.info, start, sectors)?;
+        let pieces = self.pieces(start, sectors)?;
+        let zeroes = pieces.iter().map(|p| {
+            self.on_sides(p, move |c| async move {
+                self.components[c]
+                    .write_zeroes(p.cblk, p.count, z, opts)
+                    .await
+            })
+        });
+        super::all(zeroes).await?;
+        Ok(())
+    }
+
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         let pieces = self.pieces(start, sectors)?;

@@ -644,6 +644,53 @@ impl BlockDevice for NbdDevice {
         Ok(())
     }
 
+    async fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: crate::Zeroes,
+        opts: IoOpts,
+    ) -> Result<()> {
+        crate::device::check_zeroes(&self.info, start, sectors)?;
+        let zeroes = self.flags & proto::TF_SEND_WRITE_ZEROES != 0;
+        let fast = self.flags & proto::TF_SEND_FAST_ZERO != 0;
+        if !zeroes || (z.fast_only && !fast) {
+            // The server cannot zero (fast): write zeroes, or refuse if only fast would do.
+            return crate::device::write_zero_buffers(self, start, sectors, z, opts).await;
+        }
+        let mut flags = 0;
+        if !z.unmap {
+            flags |= proto::CMD_FLAG_NO_HOLE;
+        }
+        if z.fast_only {
+            flags |= proto::CMD_FLAG_FAST_ZERO;
+        }
+        if opts.fua && self.flags & proto::TF_SEND_FUA != 0 {
+            flags |= proto::CMD_FLAG_FUA;
+        }
+        // Lengths are 32-bit: pieces of at most 2 GiB, whole logical blocks.
+        let lbs = u64::from(self.info.limits.logical_block_size) / 512;
+        let step = (u64::from(u32::MAX) / 512) / lbs * lbs;
+        let mut at = 0;
+        while at < sectors {
+            let n = step.min(sectors - at);
+            self.call(
+                "write-zeroes",
+                Command::WriteZeroes,
+                flags,
+                start + at,
+                n,
+                None,
+            )
+            .await?;
+            at += n;
+        }
+        if opts.fua && self.flags & proto::TF_SEND_FUA == 0 {
+            self.flush(opts).await?;
+        }
+        Ok(())
+    }
+
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         // TRIM lengths are 32-bit: pieces of at most 2 GiB, whole logical blocks.

@@ -43,6 +43,8 @@ pub const TF_SEND_TRIM: u16 = 1 << 5;
 pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
 /// Transmission flag: flush and FUA are visible across connections.
 pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
+/// Transmission flag: `NBD_CMD_FLAG_FAST_ZERO` supported on `WRITE_ZEROES`.
+pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
 
 /// Option: choose an export and start transmission (no error reply possible).
 pub const OPT_EXPORT_NAME: u32 = 1;

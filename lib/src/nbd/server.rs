@@ -336,7 +336,7 @@ impl NbdServer {
         if e.read_only {
             f |= proto::TF_READ_ONLY;
         } else {
-            f |= proto::TF_SEND_FUA | proto::TF_SEND_WRITE_ZEROES;
+            f |= proto::TF_SEND_FUA | proto::TF_SEND_WRITE_ZEROES | proto::TF_SEND_FAST_ZERO;
             if e.device.info().discard {
                 f |= proto::TF_SEND_TRIM;
             }
@@ -702,9 +702,6 @@ struct Ctx {
     class: IoClass,
 }
 
-/// Zeroes for `NBD_CMD_WRITE_ZEROES`, written in pieces of this size.
-static ZEROES: [u8; 1 << 20] = [0u8; 1 << 20];
-
 impl Ctx {
     /// Runs one request: `Ok(data)` for the reply, or the errno to reply with.
     async fn run(&self, q: &Request, data: Option<Bytes>) -> Result<Option<Bytes>, u32> {
@@ -775,22 +772,18 @@ impl Ctx {
                 Ok(None)
             }
             Command::WriteZeroes => {
-                if q.flags & proto::CMD_FLAG_FAST_ZERO != 0 {
-                    return Err(errno::ENOTSUP);
-                }
                 let (start, sectors) = range(q)?;
-                let step = (ZEROES.len() as u64) / 512;
-                let mut at = 0;
-                while at < sectors {
-                    let n = step.min(sectors - at);
-                    let z = Bytes::from_static(&ZEROES[..n as usize * 512]);
-                    self.device
-                        .write(start + at, z, opts)
-                        .await
-                        .map_err(to_errno)?;
-                    at += n;
+                let z = crate::Zeroes::new()
+                    .unmap(q.flags & proto::CMD_FLAG_NO_HOLE == 0)
+                    .fast_only(q.flags & proto::CMD_FLAG_FAST_ZERO != 0);
+                match self.device.write_zeroes(start, sectors, z, opts).await {
+                    Ok(()) => Ok(None),
+                    // The protocol's answer when fast zeroing is not possible.
+                    Err(e) if z.fast_only && matches!(e.root(), Error::Unsupported { .. }) => {
+                        Err(errno::ENOTSUP)
+                    }
+                    Err(e) => Err(to_errno(e)),
                 }
-                Ok(None)
             }
             Command::Disc | Command::Other(_) => Err(errno::EINVAL),
         }
