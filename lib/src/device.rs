@@ -25,6 +25,10 @@ pub struct DeviceInfo {
     /// Discard is supported. Kept equal to `limits.max_discard_sectors > 0` (one meaning
     /// for 0 there: no discard); set both with [`DeviceInfo::set_discard`].
     pub discard: bool,
+    /// `flush` (and FUA) really make writes durable. False for an NBD export whose server
+    /// offers no flush: its writes' durability is the server's affair, and a volume over it
+    /// does not claim flush either.
+    pub flush: bool,
 }
 
 impl DeviceInfo {
@@ -41,6 +45,7 @@ impl DeviceInfo {
             identity: Identity::default(),
             read_only: false,
             discard: true,
+            flush: true,
         }
     }
 

@@ -930,3 +930,48 @@ async fn write_zeroes_and_fast_zero_through_the_server() {
         vec![0u8; 8192]
     );
 }
+
+/// Flush and FUA are advertised only when every component honours them: an export whose
+/// server offers no flush makes a volume over it (and the export of that volume) offer none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_is_offered_only_when_every_component_honours_it() {
+    let mut info = tagstripe::DeviceInfo::new("volatile", 2048);
+    info.flush = false;
+    let volatile: Arc<dyn BlockDevice> = Arc::new(MemDevice::with_info(info));
+    let (inner, _a) = start(NbdServer::new(ServerConfig::default()).export("v", volatile)).await;
+    let addr = inner.trim_start_matches("nbd://").to_owned();
+    let (_s, flags) = open_raw_export(&addr, "v").await;
+    assert_eq!(flags & (proto::TF_SEND_FLUSH | proto::TF_SEND_FUA), 0);
+
+    let remote = NbdDevice::connect(&format!("{inner}/v")).await.unwrap();
+    assert!(!remote.info().flush);
+    let vol = Volume::builder(vec![
+        Arc::new(remote) as Arc<dyn BlockDevice>,
+        Arc::new(MemDevice::new("local", 2048)),
+    ])
+    .interleave(64)
+    .quirks(QuirkSet::empty())
+    .build()
+    .unwrap();
+    assert!(
+        !vol.info().flush,
+        "one component without flush: the volume has none"
+    );
+    let (outer, _b) =
+        start(NbdServer::new(ServerConfig::default()).export("vol", Arc::new(vol))).await;
+    let (_s, flags) = open_raw_export(outer.trim_start_matches("nbd://"), "vol").await;
+    assert_eq!(
+        flags & (proto::TF_SEND_FLUSH | proto::TF_SEND_FUA),
+        0,
+        "{flags:#x}"
+    );
+    assert_ne!(flags & proto::TF_SEND_WRITE_ZEROES, 0);
+
+    // With every component durable, both are offered.
+    let (ok, _c) =
+        start(NbdServer::new(ServerConfig::default()).export("m", Arc::new(striped_mem(2, 1024))))
+            .await;
+    let (_s, flags) = open_raw_export(ok.trim_start_matches("nbd://"), "m").await;
+    assert_ne!(flags & proto::TF_SEND_FLUSH, 0);
+    assert_ne!(flags & proto::TF_SEND_FUA, 0);
+}

@@ -89,6 +89,7 @@ impl Striped {
         info.limits = stacked.limits;
         info.read_only = components.iter().any(|c| c.info().read_only);
         info.discard = components.iter().all(|c| c.info().discard);
+        info.flush = components.iter().all(|c| c.info().flush);
         let policy = geometry.default_mirror_reads();
         Ok(Self {
             reads: Mutex::new(ReadBalancer::new(&geometry, policy)),

@@ -286,6 +286,7 @@ impl NbdDevice {
         let mut info = DeviceInfo::new(u.to_string(), ei.size / 512);
         info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
         info.set_discard(ei.flags & proto::TF_SEND_TRIM != 0);
+        info.flush = ei.flags & proto::TF_SEND_FLUSH != 0;
         let mut max_bytes = 32 << 20;
         if let Some((min, pref, max)) = ei.block_sizes {
             info.limits.logical_block_size = min.max(512);

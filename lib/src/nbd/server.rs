@@ -332,11 +332,20 @@ impl NbdServer {
     }
 
     fn flags(&self, e: &Export) -> u16 {
-        let mut f = proto::TF_HAS_FLAGS | proto::TF_SEND_FLUSH | proto::TF_CAN_MULTI_CONN;
+        let mut f = proto::TF_HAS_FLAGS | proto::TF_CAN_MULTI_CONN;
+        // Flush and FUA are offered only if every component honours them (a read-only
+        // export's flush is a no-op, and offered as other servers do).
+        let durable = e.device.info().flush;
+        if e.read_only || durable {
+            f |= proto::TF_SEND_FLUSH;
+        }
         if e.read_only {
             f |= proto::TF_READ_ONLY;
         } else {
-            f |= proto::TF_SEND_FUA | proto::TF_SEND_WRITE_ZEROES | proto::TF_SEND_FAST_ZERO;
+            if durable {
+                f |= proto::TF_SEND_FUA;
+            }
+            f |= proto::TF_SEND_WRITE_ZEROES | proto::TF_SEND_FAST_ZERO;
             if e.device.info().discard {
                 f |= proto::TF_SEND_TRIM;
             }
