@@ -31,7 +31,8 @@ pub struct View {
     pub heads: [Option<Head>; 4],
     /// When the oldest interactive command at the device was dispatched.
     pub oldest_interactive_at_device: Option<Nanos>,
-    /// When the oldest command of a lower class at the device was dispatched.
+    /// When the oldest command of a lower class at the device was dispatched (filled in
+    /// only when an interactive head may be dispatched past them; `None` otherwise).
     pub oldest_lower_at_device: Option<Nanos>,
 }
 
@@ -411,8 +412,9 @@ pub struct Fair {
     /// For each interactive command at the device, in dispatch order: whether it went to a
     /// quiet device (an unloaded sample).
     quiet: std::collections::VecDeque<bool>,
-    /// The last unloaded samples (the baseline is their median).
+    /// The last unloaded samples, and their median (the baseline).
     unloaded: std::collections::VecDeque<Nanos>,
+    unloaded_median: Option<Nanos>,
     /// The fastest interactive completion lately, standing in until unloaded samples exist.
     fastest: Option<Nanos>,
     last_bulk_done: Option<Nanos>,
@@ -456,6 +458,7 @@ impl Fair {
             interactive_out: 0,
             quiet: std::collections::VecDeque::new(),
             unloaded: std::collections::VecDeque::new(),
+            unloaded_median: None,
             fastest: None,
             last_bulk_done: None,
             probe_since: None,
@@ -500,12 +503,7 @@ impl Fair {
     /// unloaded samples (or, before there are any, the fastest completion seen).
     #[must_use]
     pub fn baseline(&self) -> Option<Nanos> {
-        if self.unloaded.is_empty() {
-            return self.fastest;
-        }
-        let mut v: Vec<Nanos> = self.unloaded.iter().copied().collect();
-        v.sort_unstable();
-        Some(v[v.len() / 2])
+        self.unloaded_median.or(self.fastest)
     }
 
     /// Whether bulk may be held back now: not past its share of this period.
@@ -819,6 +817,9 @@ impl Policy for Fair {
                 self.unloaded.pop_front();
             }
             self.unloaded.push_back(device_ns);
+            let mut v: Vec<Nanos> = self.unloaded.iter().copied().collect();
+            v.sort_unstable();
+            self.unloaded_median = v.get(v.len() / 2).copied();
             self.probe_taken += 1;
             if self.probe_since.is_none() {
                 self.next_probe = now.saturating_add(self.cfg.probe_every);

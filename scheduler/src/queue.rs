@@ -246,13 +246,19 @@ impl<R, P: Policy> TagQueue<R, P> {
                     .map(|s| s.dispatched)
                     .min()
             },
-            oldest_lower_at_device: self
-                .slots
-                .iter()
-                .flatten()
-                .filter(|s| s.meta.class != IoClass::Interactive)
-                .map(|s| s.dispatched)
-                .min(),
+            // Only asked for when an interactive request may go past lower classes there.
+            oldest_lower_at_device: if heads[IoClass::Interactive.index()].is_some()
+                && self.active[1..].iter().any(|&n| n > 0)
+            {
+                self.slots
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.meta.class != IoClass::Interactive)
+                    .map(|s| s.dispatched)
+                    .min()
+            } else {
+                None
+            },
         };
         self.wait_until = None;
         match self.policy.choose(&view) {
