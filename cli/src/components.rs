@@ -1,11 +1,8 @@
 //! Opening the components named on the command line: files, block devices, `nbd://` URLs.
 
-use std::os::unix::fs::FileTypeExt;
 use std::sync::Arc;
 
-use tagstripe::nbd::NbdDevice;
-use tagstripe::scheduler::Profile;
-use tagstripe::{BlockDevice, FileDevice, FileOptions, SimDevice};
+use tagstripe::{BlockDevice, FileOptions};
 
 /// How to open components.
 #[derive(Clone, Copy, Debug, Default)]
@@ -16,56 +13,28 @@ pub(crate) struct OpenOptions {
     pub direct: bool,
 }
 
-/// Opens one component: `nbd://host[:port][/export]`, `nbd+unix:///export?socket=PATH`,
-/// `sim:PROFILE:SIZE` (a simulated disk
-/// in memory, e.g. `sim:hdd-1998:256M`), a block device, or a regular file.
+/// Opens one component with the library's [`tagstripe::open`]: `nbd://`, `nbd+unix://`,
+/// `sim:PROFILE:SIZE`, a block device or a file.
 pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevice>, String> {
-    if let Some(rest) = spec.strip_prefix("sim:") {
-        let (profile, size) = rest
-            .split_once(':')
-            .ok_or_else(|| format!("{spec:?}: expected sim:PROFILE:SIZE"))?;
-        let profile = Profile::parse(profile)
-            .ok_or_else(|| format!("{spec:?}: profile must be hdd-1998, hdd-modern or ssd"))?;
-        let bytes = crate::load::parse_size(size)?;
-        if bytes % 512 != 0 {
-            return Err(format!("{spec:?}: size must be whole 512-byte sectors"));
-        }
-        let d = SimDevice::with_profile(spec, profile, bytes / 512).map_err(|e| e.to_string())?;
-        return Ok(Arc::new(d));
-    }
-    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
-        let d = NbdDevice::connect(spec).await.map_err(|e| e.to_string())?;
-        return Ok(Arc::new(d));
-    }
-    let opts = FileOptions {
-        read_only: o.read_only,
-        direct: o.direct,
-        ..FileOptions::default()
-    };
-    open_file(spec, opts)
+    let opts = tagstripe::OpenOptions::new()
+        .read_only(o.read_only)
+        .direct(o.direct);
+    tagstripe::open(spec, &opts)
+        .await
+        .map_err(|e| e.to_string())
 }
 
-/// Opens a file or block device: through io_uring where it is built in and the kernel
-/// allows it, through the thread pool otherwise.
-pub(crate) fn open_file(
+/// Opens a file or block device (through io_uring where it is built in).
+pub(crate) async fn open_file(
     path: impl AsRef<std::path::Path>,
     opts: FileOptions,
 ) -> Result<Arc<dyn BlockDevice>, String> {
-    let path = path.as_ref();
-    let is_block = std::fs::metadata(path)
-        .map(|m| m.file_type().is_block_device())
-        .unwrap_or(false);
-    #[cfg(feature = "uring")]
-    if let Ok(d) = tagstripe::UringDevice::open(path, opts, is_block, 256) {
-        return Ok(Arc::new(d));
-    }
-    let dev = if is_block {
-        FileDevice::open_block(path, opts)
-    } else {
-        FileDevice::open(path, opts)
+    let spec = path.as_ref().display().to_string();
+    let o = OpenOptions {
+        read_only: opts.read_only,
+        direct: opts.direct,
     };
-    dev.map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-        .map_err(|e| e.to_string())
+    open(&spec, o).await
 }
 
 /// Opens every component, in order.

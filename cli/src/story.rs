@@ -377,7 +377,7 @@ fn write_through(p: &std::path::Path, size: u64) -> std::io::Result<()> {
 
 /// Opens 4 temporary files of `size` bytes (written through), O_DIRECT if the filesystem
 /// allows it.
-fn temp_components(t: &TempFiles, size: u64, want_direct: bool) -> Result<Opened, String> {
+async fn temp_components(t: &TempFiles, size: u64, want_direct: bool) -> Result<Opened, String> {
     std::fs::create_dir_all(&t.dir).map_err(|e| format!("{}: {e}", t.dir.display()))?;
     let mut comps: Vec<Arc<dyn BlockDevice>> = Vec::new();
     let mut names = Vec::new();
@@ -394,11 +394,11 @@ fn temp_components(t: &TempFiles, size: u64, want_direct: bool) -> Result<Opened
                 },
             )
         };
-        let d = match open(direct) {
+        let d = match open(direct).await {
             Ok(d) => d,
             Err(_) if direct => {
                 direct = false;
-                open(false)?
+                open(false).await?
             }
             Err(e) => return Err(e),
         };
@@ -411,7 +411,7 @@ fn temp_components(t: &TempFiles, size: u64, want_direct: bool) -> Result<Opened
 async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
     let phase = |p: &str| a.phases.is_empty() || a.phases.iter().any(|x| x == p);
     let (comps, names, direct) = if a.components.is_empty() {
-        match temp_components(temp, size, !a.buffered) {
+        match temp_components(temp, size, !a.buffered).await {
             Ok(x) => x,
             Err(e) => return crate::fail("bench", "open", &e, a.json),
         }
@@ -942,7 +942,7 @@ pub(crate) fn fairness_live(
     let code = rt.block_on(async {
         let run = async {
             let (comps, _, direct) = if components.is_empty() {
-                temp_components(&temp, 256 << 20, !buffered)?
+                temp_components(&temp, 256 << 20, !buffered).await?
             } else {
                 let (c, direct) =
                     components::open_all_for_bench(components, false, buffered).await?;

@@ -27,6 +27,7 @@ mod error;
 mod layers;
 #[cfg(feature = "nbd")]
 pub mod nbd;
+mod open;
 mod stats;
 mod volume;
 
@@ -39,6 +40,7 @@ pub use backend::{
 pub use device::{BlockDevice, DeviceInfo, IoOpts, Zeroes};
 pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
+pub use open::{OpenOptions, open};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{Volume, VolumeBuilder};
 

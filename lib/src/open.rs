@@ -1,0 +1,155 @@
+//! Opening a device by name: a file, a block device, an NBD export or a simulated disk.
+
+use std::os::unix::fs::FileTypeExt;
+use std::sync::Arc;
+
+use tagstripe_scheduler::Profile;
+
+use crate::{BlockDevice, Error, FileDevice, FileOptions, Result, SimDevice};
+
+/// How [`open`] opens a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Refuse writes, flushes and discards.
+    pub read_only: bool,
+    /// `O_DIRECT` for files and block devices.
+    pub direct: bool,
+}
+
+impl OpenOptions {
+    /// Read-write, through the page cache.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Read-only.
+    #[must_use]
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
+        self
+    }
+
+    /// `O_DIRECT`.
+    #[must_use]
+    pub fn direct(mut self, on: bool) -> Self {
+        self.direct = on;
+        self
+    }
+}
+
+/// Opens the device `spec` names:
+/// - `nbd://host[:port][/export]` or `nbd+unix:///export?socket=PATH`: an NBD export (feature
+///   `nbd`);
+/// - `sim:PROFILE:SIZE`: a simulated disk (`hdd-1998`, `hdd-modern` or `ssd`; SIZE like
+///   `256M`, whole sectors);
+/// - a block device (detected), with its sizes, sysfs limits and identity;
+/// - any other path: a regular file.
+///
+/// Files and block devices go through io_uring where it is built in (feature `uring`) and
+/// the kernel allows it, through the thread pool otherwise.
+///
+/// ```
+/// use tagstripe::{open, BlockDevice, OpenOptions};
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let d = open("sim:ssd:64M", &OpenOptions::new()).await?;
+/// assert_eq!(d.info().sectors, 64 * 2048);
+/// assert!(open("sim:floppy:1M", &OpenOptions::new()).await.is_err());
+/// assert!(open("/no/such/file", &OpenOptions::new()).await.is_err());
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+///
+/// # Errors
+/// [`Error::BadUrl`] for a spec that cannot be parsed, the backend's errors otherwise.
+pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn BlockDevice>> {
+    let bad = |why: String| Error::BadUrl {
+        url: spec.to_owned(),
+        why,
+    };
+    if let Some(rest) = spec.strip_prefix("sim:") {
+        let (profile, size) = rest
+            .split_once(':')
+            .ok_or_else(|| bad("expected sim:PROFILE:SIZE".to_owned()))?;
+        let profile = Profile::parse(profile)
+            .ok_or_else(|| bad("profile must be hdd-1998, hdd-modern or ssd".to_owned()))?;
+        let bytes = parse_size(size).map_err(bad)?;
+        if bytes % 512 != 0 {
+            return Err(bad("size must be whole 512-byte sectors".to_owned()));
+        }
+        return Ok(Arc::new(SimDevice::with_profile(
+            spec,
+            profile,
+            bytes / 512,
+        )?));
+    }
+    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+        #[cfg(feature = "nbd")]
+        {
+            return Ok(Arc::new(crate::nbd::NbdDevice::connect(spec).await?));
+        }
+        #[cfg(not(feature = "nbd"))]
+        return Err(Error::Unsupported {
+            device: spec.to_owned(),
+            op: "NBD (built without the `nbd` feature)",
+        });
+    }
+    let opts = FileOptions {
+        read_only: o.read_only,
+        direct: o.direct,
+        ..FileOptions::default()
+    };
+    let is_block = std::fs::metadata(spec)
+        .map(|m| m.file_type().is_block_device())
+        .unwrap_or(false);
+    #[cfg(feature = "uring")]
+    if let Ok(d) = crate::UringDevice::open(spec, opts, is_block, 256) {
+        return Ok(Arc::new(d));
+    }
+    let d = if is_block {
+        FileDevice::open_block(spec, opts)?
+    } else {
+        FileDevice::open(spec, opts)?
+    };
+    Ok(Arc::new(d))
+}
+
+/// A size like `4096`, `4k`, `64M` or `1G` (binary multiples).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_lowercase() {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                't' => 1 << 40,
+                _ => return Err(format!("{s:?}: unknown size suffix (k, M, G, T)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a size like 256M"))?;
+    n.checked_mul(mul)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("{s:?}: size out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert!(parse_size("").is_err());
+    }
+}
