@@ -95,11 +95,14 @@ pub enum Error {
         source: io::Error,
     },
     /// A component of a volume failed; the inner error says how.
-    #[error("component {component}: {source}")]
+    #[error("component {component}{}: {source}", at_volume(*.volume_sector))]
     Component {
         /// Index of the component in the volume.
         component: usize,
-        /// The component's error.
+        /// Where the failed piece starts in the volume (the sector the caller asked for, or
+        /// inside its request); `None` for errors of no one piece (a flush, a size check).
+        volume_sector: Option<u64>,
+        /// The component's error (its sectors are the component's).
         source: Box<Error>,
     },
     /// The device or queue was shut down.
@@ -182,8 +185,10 @@ impl Error {
     /// use tagstripe::Error;
     /// let e = Error::Component {
     ///     component: 2,
+    ///     volume_sector: Some(4096),
     ///     source: Box::new(Error::Closed { device: "nbd0".into() }),
     /// };
+    /// assert_eq!(e.to_string(), "component 2 (volume sector 4096): nbd0: closed");
     /// assert_eq!(e.component(), Some(2));
     /// assert!(matches!(e.root(), Error::Closed { .. }));
     /// assert_eq!(e.errno(), libc::ESHUTDOWN);
@@ -249,6 +254,11 @@ impl From<Error> for io::Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The symbolic name of an NBD error value.
+fn at_volume(s: Option<u64>) -> String {
+    s.map(|s| format!(" (volume sector {s})"))
+        .unwrap_or_default()
+}
+
 fn nbd_errno_name(e: u32) -> &'static str {
     match e {
         1 => "EPERM",

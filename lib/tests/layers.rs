@@ -470,3 +470,40 @@ fn write_zeroes_on_every_backend_against_a_model() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A component's error names the component, the volume sector of the failed piece and (in
+/// its source) the component's own sector; `errno()` and `io::Error` carry the EIO through.
+#[test]
+fn component_errors_name_both_sectors() {
+    rt().block_on(async {
+        let bad = Arc::new(FaultDevice::new(MemDevice::new("c1", 4096)));
+        bad.inject(Fault::always(FaultOp::Read, FaultKind::Error));
+        let comps: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(MemDevice::new("c0", 4096)), bad];
+        let vol = Volume::builder(comps)
+            .interleave(16)
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        // Sectors 16..32 of the volume are component 1's (the geometry says where there).
+        let at = vol.geometry().locate(16).unwrap();
+        assert_eq!(at.component, 1);
+        let e = vol.read(16, 8, IoOpts::new()).await.unwrap_err();
+        assert_eq!(e.component(), Some(1));
+        match &e {
+            Error::Component { volume_sector, .. } => assert_eq!(*volume_sector, Some(16)),
+            other => panic!("{other:?}"),
+        }
+        match e.root() {
+            Error::Io { start, .. } => assert_eq!(*start, at.cblk),
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains("volume sector 16"), "{e}");
+        assert_eq!(e.errno(), libc::EIO);
+        let io: std::io::Error = e.into();
+        assert_eq!(
+            io.kind(),
+            std::io::Error::from_raw_os_error(libc::EIO).kind()
+        );
+        assert!(io.to_string().contains("component 1"), "{io}");
+    });
+}

@@ -254,6 +254,7 @@ async fn client_against_nbdkit_memory_and_filters() {
         Err(Error::Component {
             component: 1,
             source,
+            ..
         }) => {
             assert!(matches!(*source, Error::Nbd { errno: 5, .. }), "{source}");
         }

@@ -71,6 +71,7 @@ impl Striped {
             if c.info().sectors < raw {
                 return Err(Error::Component {
                     component: i,
+                    volume_sector: None,
                     source: Box::new(Error::BadLength {
                         device: c.info().name.clone(),
                         what: format!("{} sectors, the geometry needs {raw}", c.info().sectors),
@@ -156,7 +157,9 @@ impl Striped {
     {
         if p.mirror.is_none() {
             // The common case: one target, nothing to gather.
-            return op(p.component).await.map_err(|e| component(p.component, e));
+            return op(p.component)
+                .await
+                .map_err(|e| component(p.component, Some(p.lblk), e));
         }
         let targets: Vec<usize> = p
             .write_targets()
@@ -199,7 +202,7 @@ impl Striped {
                     }
                 });
             if !dropped && first_err.is_none() {
-                first_err = Some(component(c, e));
+                first_err = Some(component(c, Some(p.lblk), e));
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -215,12 +218,12 @@ impl Striped {
             Ok(b) => Ok(b),
             Err(e) => {
                 let Some(other) = other else {
-                    return Err(component(first, e));
+                    return Err(component(first, Some(p.lblk), e));
                 };
                 self.components[other]
                     .read(p.cblk, p.count, opts)
                     .await
-                    .map_err(|_| component(first, e))
+                    .map_err(|_| component(first, Some(p.lblk), e))
             }
         }
     }
@@ -233,22 +236,24 @@ impl Striped {
             Ok(()) => Ok(()),
             Err(e) => {
                 let Some(other) = other else {
-                    return Err(component(first, e));
+                    return Err(component(first, Some(p.lblk), e));
                 };
                 self.components[other]
                     .read_into(p.cblk, buf, opts)
                     .await
-                    .map_err(|_| component(first, e))
+                    .map_err(|_| component(first, Some(p.lblk), e))
             }
         }
     }
 }
 
-fn component(i: usize, e: Error) -> Error {
+/// `e` from component `i`, for a piece at `volume_sector` (if of one piece).
+fn component(i: usize, volume_sector: Option<u64>, e: Error) -> Error {
     match e {
         Error::Component { .. } => e,
         e => Error::Component {
             component: i,
+            volume_sector,
             source: Box::new(e),
         },
     }
@@ -308,7 +313,7 @@ impl BlockDevice for Striped {
             .iter()
             .enumerate()
             .filter(|&(i, _)| !self.is_failed(i))
-            .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, e)) });
+            .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, None, e)) });
         super::all(flushes).await?;
         Ok(())
     }
