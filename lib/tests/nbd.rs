@@ -423,7 +423,10 @@ async fn hostile_clients_leave_the_server_serving() {
     );
     assert_eq!(request(&mut s, 0, 0, 64 << 20).await, proto::errno::EINVAL);
     assert_eq!(request(&mut s, 99, 0, 512).await, proto::errno::EINVAL);
-    assert_eq!(request(&mut s, 0, 1, 512).await, proto::errno::EINVAL);
+    // No block sizes were agreed (EXPORT_NAME): a misaligned read is served.
+    assert_eq!(request(&mut s, 0, 1, 512).await, 0);
+    let mut skip = vec![0u8; 512];
+    s.read_exact(&mut skip).await.unwrap();
     // An oversized write: its payload is read off the wire and the request refused.
     let r = proto::Request {
         flags: 0,
@@ -975,4 +978,87 @@ async fn flush_is_offered_only_when_every_component_honours_it() {
     let (_s, flags) = open_raw_export(ok.trim_start_matches("nbd://"), "m").await;
     assert_ne!(flags & proto::TF_SEND_FLUSH, 0);
     assert_ne!(flags & proto::TF_SEND_FUA, 0);
+}
+
+/// Sends OPT_GO for `name`, asking for block sizes or not; returns the stream in
+/// transmission.
+async fn go_raw(addr: &str, name: &str, block_sizes: bool) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    handshake(&mut s).await;
+    let req = proto::InfoRequest {
+        name: name.to_owned(),
+        requests: if block_sizes {
+            vec![proto::INFO_BLOCK_SIZE]
+        } else {
+            vec![]
+        },
+    };
+    let data = req.encode();
+    let head = proto::OptionHeader {
+        option: proto::OPT_GO,
+        length: data.len() as u32,
+    };
+    s.write_all(&head.encode()).await.unwrap();
+    s.write_all(&data).await.unwrap();
+    // Option replies until the ACK.
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).await.unwrap();
+        let kind = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+        let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]) as usize;
+        let mut d = vec![0u8; len];
+        s.read_exact(&mut d).await.unwrap();
+        if kind == proto::REP_ACK {
+            return s;
+        }
+        assert_eq!(kind, proto::REP_INFO, "unexpected reply {kind:#x}");
+    }
+}
+
+/// Without agreed block sizes the server serves any alignment (read-modify-write for writes
+/// and zeroing, the surrounding bytes untouched); with them (GO asking for INFO_BLOCK_SIZE)
+/// a misaligned request is EINVAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unaligned_requests_without_agreed_block_sizes() {
+    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let known = pattern(9, 8192);
+    vol.write(0, Bytes::from(known.clone()), IoOpts::new())
+        .await
+        .unwrap();
+    let (base, _server) =
+        start(NbdServer::new(ServerConfig::default()).export("vol", vol.clone())).await;
+    let addr = base.trim_start_matches("nbd://").to_owned();
+    let req = |command, offset, length| proto::Request {
+        flags: 0,
+        command,
+        handle: 3,
+        offset,
+        length,
+    };
+    let mut model = known.clone();
+    for block_sizes_asked in [false, true] {
+        let mut s = go_raw(&addr, "vol", block_sizes_asked).await;
+        let w = request_with(&mut s, req(proto::Command::Write, 1001, 3), b"abc").await;
+        let z = request_with(&mut s, req(proto::Command::WriteZeroes, 3000, 700), &[]).await;
+        let r = request_with(&mut s, req(proto::Command::Read, 999, 7), &[]).await;
+        if block_sizes_asked {
+            assert_eq!(
+                (w, z, r),
+                (
+                    proto::errno::EINVAL,
+                    proto::errno::EINVAL,
+                    proto::errno::EINVAL
+                )
+            );
+            continue;
+        }
+        assert_eq!((w, z, r), (0, 0, 0));
+        let mut got = [0u8; 7];
+        s.read_exact(&mut got).await.unwrap();
+        model[1001..1004].copy_from_slice(b"abc");
+        model[3000..3700].fill(0);
+        assert_eq!(&got[..], &model[999..1006]);
+    }
+    // The device holds exactly the model: nothing around the bytes changed.
+    assert_eq!(vol.read(0, 16, IoOpts::new()).await.unwrap(), model);
 }

@@ -57,6 +57,12 @@ struct Export {
     device: Arc<dyn BlockDevice>,
     description: String,
     read_only: bool,
+    /// This connection agreed on block sizes (GO asking for `INFO_BLOCK_SIZE`): requests
+    /// must keep to them. Otherwise (EXPORT_NAME, or GO without) the protocol's defaults
+    /// hold: any byte alignment is served, by read-modify-write where needed.
+    strict: bool,
+    /// Read-modify-write of unaligned writes excludes every other write to the export.
+    rmw: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// Counters of what the server has done, for tests and monitoring.
@@ -193,6 +199,8 @@ impl NbdServer {
                 device,
                 description: description.to_owned(),
                 read_only,
+                strict: true,
+                rmw: Arc::new(tokio::sync::RwLock::new(())),
             },
         );
         self
@@ -433,7 +441,11 @@ impl NbdServer {
                     }
                     w.write_all(&b).await.map_err(wire_io)?;
                     w.flush().await.map_err(wire_io)?;
-                    return Ok(Some(e.clone()));
+                    // No block sizes were negotiated.
+                    return Ok(Some(Export {
+                        strict: false,
+                        ..e.clone()
+                    }));
                 }
                 proto::OPT_ABORT => {
                     let _ = w.write_all(&reply(proto::REP_ACK, &[])).await;
@@ -502,7 +514,10 @@ impl NbdServer {
                     w.write_all(&out).await.map_err(wire_io)?;
                     w.flush().await.map_err(wire_io)?;
                     if opt.option == proto::OPT_GO {
-                        return Ok(Some(e.clone()));
+                        return Ok(Some(Export {
+                            strict: req.requests.contains(&proto::INFO_BLOCK_SIZE),
+                            ..e.clone()
+                        }));
                     }
                     continue;
                 }
@@ -539,6 +554,8 @@ impl NbdServer {
             read_only: export.read_only,
             max: self.config.max_request,
             class,
+            strict: export.strict,
+            rmw: Arc::clone(&export.rmw),
         });
         let mut stop = self.stop.subscribe();
         let result = loop {
@@ -709,6 +726,8 @@ struct Ctx {
     read_only: bool,
     max: u32,
     class: IoClass,
+    strict: bool,
+    rmw: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Ctx {
@@ -733,12 +752,22 @@ impl Ctx {
         if writes && self.read_only {
             return Err(errno::EPERM);
         }
+        let lbs = u64::from(self.device.info().limits.logical_block_size.max(512));
+        let end = q.offset.checked_add(q.length.into()).ok_or(errno::EINVAL)?;
+        let carries_range = !matches!(
+            q.command,
+            Command::Flush | Command::Disc | Command::Other(_)
+        );
+        if carries_range && end > size {
+            return Err(if writes { errno::ENOSPC } else { errno::EINVAL });
+        }
+        let aligned = q.offset % lbs == 0 && q.length as u64 % lbs == 0;
+        if carries_range && !aligned && q.length > 0 && !self.strict {
+            // No block sizes were agreed: serve any alignment.
+            return self.unaligned(q, data, opts, lbs).await;
+        }
         let range = |q: &Request| -> Result<(u64, u64), u32> {
-            let end = q.offset.checked_add(q.length.into()).ok_or(errno::EINVAL)?;
-            if end > size {
-                return Err(if writes { errno::ENOSPC } else { errno::EINVAL });
-            }
-            if q.offset % 512 != 0 || q.length % 512 != 0 || q.length == 0 {
+            if q.offset % lbs != 0 || u64::from(q.length) % lbs != 0 || q.length == 0 {
                 return Err(errno::EINVAL);
             }
             Ok((q.offset / 512, u64::from(q.length) / 512))
@@ -759,6 +788,8 @@ impl Ctx {
             Command::Write => {
                 let (start, _) = range(q)?;
                 let d = data.unwrap_or_default();
+                // Shared with other writes; exclusive only against a read-modify-write.
+                let _w = self.rmw.read().await;
                 self.device.write(start, d, opts).await.map_err(to_errno)?;
                 Ok(None)
             }
@@ -795,6 +826,71 @@ impl Ctx {
                 }
             }
             Command::Disc | Command::Other(_) => Err(errno::EINVAL),
+        }
+    }
+}
+
+impl Ctx {
+    /// A request whose offset or length is not whole logical blocks, with no block sizes
+    /// agreed: reads read the blocks around it and keep the bytes asked for; writes (and
+    /// zeroing) read those blocks, change the bytes and write them back, with every other
+    /// write to the export held off meanwhile; a trim trims the whole blocks inside it (a
+    /// trim is advisory).
+    async fn unaligned(
+        &self,
+        q: &Request,
+        data: Option<Bytes>,
+        opts: IoOpts,
+        lbs: u64,
+    ) -> Result<Option<Bytes>, u32> {
+        let (off, len) = (q.offset, u64::from(q.length));
+        let a0 = off / lbs * lbs;
+        let a1 = (off + len).div_ceil(lbs) * lbs;
+        if a1 - a0 > u64::from(self.max) + 2 * lbs {
+            return Err(errno::EINVAL);
+        }
+        let (start, sectors) = (a0 / 512, (a1 - a0) / 512);
+        let inner = (off - a0) as usize..(off - a0 + len) as usize;
+        match q.command {
+            Command::Read => {
+                if q.length > self.max {
+                    return Err(errno::EINVAL);
+                }
+                let d = self
+                    .device
+                    .read(start, sectors, opts)
+                    .await
+                    .map_err(to_errno)?;
+                Ok(Some(d.slice(inner)))
+            }
+            Command::Write | Command::WriteZeroes => {
+                let _only = self.rmw.write().await;
+                let mut buf = vec![0u8; (a1 - a0) as usize];
+                self.device
+                    .read_into(start, &mut buf, opts)
+                    .await
+                    .map_err(to_errno)?;
+                match data {
+                    Some(d) if q.command == Command::Write => buf[inner].copy_from_slice(&d),
+                    _ => buf[inner].fill(0),
+                }
+                self.device
+                    .write(start, Bytes::from(buf), opts)
+                    .await
+                    .map_err(to_errno)?;
+                Ok(None)
+            }
+            Command::Trim => {
+                let (t0, t1) = (off.div_ceil(lbs) * lbs, (off + len) / lbs * lbs);
+                if t1 > t0 {
+                    self.device
+                        .discard(t0 / 512, (t1 - t0) / 512, opts)
+                        .await
+                        .map_err(to_errno)?;
+                }
+                Ok(None)
+            }
+            _ => Err(errno::EINVAL),
         }
     }
 }
