@@ -26,11 +26,7 @@ fn volume() -> (Volume, Vec<Arc<MemDevice>>) {
     let devs: Vec<Arc<MemDevice>> = (0..4)
         .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), COMP_SECTORS)))
         .collect();
-    let comps = devs
-        .iter()
-        .map(|d| Arc::clone(d) as Arc<dyn BlockDevice>)
-        .collect();
-    let vol = Volume::builder(comps)
+    let vol = Volume::builder(devs.iter().cloned())
         .interleave(512)
         .quirks(QuirkSet::empty())
         .build()

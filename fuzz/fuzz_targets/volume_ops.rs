@@ -51,7 +51,7 @@ fuzz_target!(|input: Input| {
             Arc::new(FaultDevice::new(m))
         })
         .collect();
-    let comps = faults
+    let comps: Vec<Arc<dyn BlockDevice>> = faults
         .iter()
         .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
         .collect();

@@ -42,7 +42,7 @@ pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use open::{OpenOptions, open};
 pub use stats::{Stats, StatsSnapshot};
-pub use volume::{Volume, VolumeBuilder};
+pub use volume::{IntoComponent, Volume, VolumeBuilder};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -11,6 +11,25 @@ use tagstripe_striping::{Flavor, Geometry, MirrorReads};
 use crate::stats::{OpKind, Stats};
 use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, QueueHandle, Result, Split, Striped};
 
+/// A device a volume can take as a component: an `Arc` of any [`BlockDevice`], or an
+/// `Arc<dyn BlockDevice>`.
+pub trait IntoComponent {
+    /// The component, type-erased.
+    fn into_component(self) -> Arc<dyn BlockDevice>;
+}
+
+impl IntoComponent for Arc<dyn BlockDevice> {
+    fn into_component(self) -> Arc<dyn BlockDevice> {
+        self
+    }
+}
+
+impl<T: BlockDevice + 'static> IntoComponent for Arc<T> {
+    fn into_component(self) -> Arc<dyn BlockDevice> {
+        self
+    }
+}
+
 /// Builds a [`Volume`].
 ///
 /// ```
@@ -18,9 +37,7 @@ use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, QueueHandle, Result, Split, 
 /// use bytes::Bytes;
 /// use tagstripe::{BlockDevice, IoOpts, MemDevice, Volume};
 /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
-/// let comps: Vec<Arc<dyn BlockDevice>> = (0..4)
-///     .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), 8192)) as Arc<dyn BlockDevice>)
-///     .collect();
+/// let comps = (0..4).map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), 8192)));
 /// let vol = Volume::builder(comps).interleave(128).build()?;
 /// assert_eq!(vol.info().sectors, 4 * 8192);
 /// vol.write(100, Bytes::from(vec![1u8; 64 << 10]), IoOpts::new()).await?;
@@ -215,12 +232,30 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// Starts a builder over `components` (each any [`BlockDevice`]).
+    /// Starts a builder over `components`: `Arc`s of one device type, or
+    /// `Arc<dyn BlockDevice>`s to mix types; no casts needed.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tagstripe::{MemDevice, Volume};
+    /// let vol = Volume::builder((0..3).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 1024))))
+    ///     .interleave(16)
+    ///     .build()?;
+    /// assert_eq!(vol.components().len(), 3);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// ```
     #[must_use]
-    pub fn builder(components: Vec<Arc<dyn BlockDevice>>) -> VolumeBuilder {
+    pub fn builder<I>(components: I) -> VolumeBuilder
+    where
+        I: IntoIterator,
+        I::Item: IntoComponent,
+    {
         VolumeBuilder {
             name: "volume".to_owned(),
-            components,
+            components: components
+                .into_iter()
+                .map(IntoComponent::into_component)
+                .collect(),
             interleave: 128,
             flavor: Flavor::NetBsd,
             uniform: false,

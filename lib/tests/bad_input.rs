@@ -151,7 +151,10 @@ fn volumes_that_cannot_be_built_are_refused() {
             .collect()
     };
     for (what, b) in [
-        ("no components", Volume::builder(Vec::new())),
+        (
+            "no components",
+            Volume::builder(Vec::<Arc<dyn BlockDevice>>::new()),
+        ),
         ("an empty component", Volume::builder(comps(&[0, 1024]))),
         (
             "interleave larger than a component",
