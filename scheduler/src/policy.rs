@@ -608,7 +608,12 @@ impl Fair {
                     self.budget = cut;
                 }
             }
-        } else if tail.saturating_mul(10) < target.saturating_mul(8) && self.bulk_wanted {
+        } else if tail.saturating_mul(10) < target.saturating_mul(8)
+            && self.bulk_wanted
+            && (self.cfg.target > 0 || !self.unloaded.is_empty())
+        {
+            // Grown only against a measured target: the fastest loaded completion that
+            // stands in before the first unloaded sample is no reason to give bulk more.
             let step = (self.budget / 8).max(self.cfg.piece_min.max(1));
             self.budget = self.budget.saturating_add(step).min(max);
         }
