@@ -190,6 +190,17 @@ pub(crate) async fn run(dev: Arc<dyn BlockDevice>, load: Load) -> Outcome {
     total
 }
 
+/// A size as the sweep prints it: 512, 4k, 1M.
+pub(crate) fn human(b: u64) -> String {
+    if b >= 1 << 20 {
+        format!("{}M", b >> 20)
+    } else if b >= 1024 {
+        format!("{}k", b >> 10)
+    } else {
+        b.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,7 @@ mod map;
 mod plot;
 mod quirks;
 mod serve;
+mod simreport;
 mod soak;
 mod split;
 mod story;

@@ -14,7 +14,7 @@ use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, FileOptions, IoOpts, Stats, StatsSnapshot, Volume};
 
 use crate::components::{self, OpenOptions};
-use crate::load::{self, Load, Op, Outcome, parse_size};
+use crate::load::{self, Load, Op, Outcome, human, parse_size};
 
 /// Arguments of `tagstripe bench` run without a subcommand.
 #[derive(Debug, Args)]
@@ -586,7 +586,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
         let r = sim::report(Profile::Hdd1998, seconds, 1);
         if text {
             outln!("");
-            crate::bench::fairness_table(&r, Profile::Hdd1998, seconds, 1);
+            crate::simreport::fairness_table(&r, Profile::Hdd1998, seconds, 1);
         }
         let secs = Duration::from_millis(if quick { 1500 } else { 5000 });
         let shape = (a.interleave, a.flavor);
@@ -595,7 +595,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
                 Ok(l) => l,
                 Err(e) => return crate::fail("bench", "volume", &e, a.json),
             };
-        report["fairness"] = json!({"sim": crate::bench::fairness_json(&r, Profile::Hdd1998, seconds, 1), "live": live, "goals": goals});
+        report["fairness"] = json!({"sim": crate::simreport::fairness_json(&r, Profile::Hdd1998, seconds, 1), "live": live, "goals": goals});
     }
     if let Some(t) = ticker {
         t.abort();
@@ -653,18 +653,6 @@ async fn rewrite(dev: &Arc<dyn BlockDevice>, total: u64, limit: Duration) -> Out
     out.elapsed = started.elapsed();
     out
 }
-
-/// A size as the sweep prints it: 512, 4k, 1M.
-pub(crate) fn human(b: u64) -> String {
-    if b >= 1 << 20 {
-        format!("{}M", b >> 20)
-    } else if b >= 1024 {
-        format!("{}k", b >> 10)
-    } else {
-        b.to_string()
-    }
-}
-
 /// The live fairness story on a volume over `comps` (interleave, flavor): an interactive
 /// 4 KiB reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
 /// `secs` each. Prints a table if `text`; returns the runs and the goals as JSON.
