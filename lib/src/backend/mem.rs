@@ -126,18 +126,20 @@ impl BlockDevice for MemDevice {
     ) -> Result<()> {
         // In place, as fast as memory: fast zeroing is honoured.
         crate::device::check_zeroes(&self.info, start, sectors)?;
-        self.for_range(
-            start as usize * 512,
-            sectors as usize * 512,
-            |s, at, n, _| {
-                s.write()[at..at + n].fill(0);
-            },
-        );
+        self.zero(start, sectors);
         Ok(())
     }
 
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
+        self.zero(start, sectors);
+        Ok(())
+    }
+}
+
+impl MemDevice {
+    /// Zeroes checked sectors in place (discard and write-zeroes alike).
+    fn zero(&self, start: u64, sectors: u64) {
         self.for_range(
             start as usize * 512,
             sectors as usize * 512,
@@ -145,6 +147,5 @@ impl BlockDevice for MemDevice {
                 s.write()[at..at + n].fill(0);
             },
         );
-        Ok(())
     }
 }
