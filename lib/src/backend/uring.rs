@@ -61,27 +61,17 @@ impl Ring {
     fn feed(&mut self) -> io::Result<()> {
         let mut pushed = false;
         while self.in_ring < self.cap {
-            let Some(entry) = self.waiting.pop_front() else {
+            let Some(entry) = self.waiting.front().cloned() else {
                 break;
             };
-            // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
-            // `inflight[entry.user_data()]`; moving the owner does not move the heap buffer,
-            // and the owner is kept until the completion carrying the id is reaped (`reap`),
-            // also when the device is dropped first (`Shared::drop` waits). The fd belongs to
-            // `Shared::file`, open as long as the ring. Exercised by the uring tests.
-            if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                // The submission queue is full: hand it to the kernel, then go on.
-                self.waiting.push_front(entry);
+            if !self.push(&entry) {
+                // The submission queue is full: hand it to the kernel, then try once more.
                 self.submit()?;
-                // SAFETY: as above.
-                let Some(entry) = self.waiting.pop_front() else {
-                    break;
-                };
-                if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                    self.waiting.push_front(entry);
+                if !self.push(&entry) {
                     break;
                 }
             }
+            self.waiting.pop_front();
             self.in_ring += 1;
             pushed = true;
         }
@@ -89,6 +79,16 @@ impl Ring {
             self.submit()?;
         }
         Ok(())
+    }
+
+    /// Puts one entry in the submission queue; false if it is full.
+    fn push(&mut self, entry: &squeue::Entry) -> bool {
+        // SAFETY: the entry points into a heap buffer (a `Vec`'s or a `Bytes`') owned by
+        // `inflight[entry.user_data()]`; moving the owner does not move the heap buffer, and
+        // the owner is kept until the completion carrying the id is reaped (`reap`), also when
+        // the device is dropped first (`Shared::drop` waits). The fd belongs to
+        // `Shared::file`, open as long as the ring. Exercised by the uring tests.
+        unsafe { self.ring.submission().push(entry) }.is_ok()
     }
 
     /// One `io_uring_enter`; a busy ring (EBUSY, EAGAIN) takes its entries on a later one.

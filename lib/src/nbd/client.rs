@@ -267,6 +267,16 @@ impl std::fmt::Debug for Shared {
 }
 
 impl NbdDevice {
+    /// `(start, sectors)` pieces of a range for commands with 32-bit lengths (TRIM,
+    /// WRITE_ZEROES): at most 2 GiB each, whole logical blocks.
+    fn pieces32(&self, start: u64, sectors: u64) -> impl Iterator<Item = (u64, u64)> {
+        let lbs = (u64::from(self.info.limits.logical_block_size) / 512).max(1);
+        let step = (u64::from(u32::MAX) / 512) / lbs * lbs;
+        (0..sectors)
+            .step_by(step as usize)
+            .map(move |at| (start + at, step.min(sectors - at)))
+    }
+
     /// Connects to `nbd://host[:port][/export]` with the default configuration.
     ///
     /// # Errors
@@ -669,22 +679,9 @@ impl BlockDevice for NbdDevice {
         if opts.fua && self.flags & proto::TF_SEND_FUA != 0 {
             flags |= proto::CMD_FLAG_FUA;
         }
-        // Lengths are 32-bit: pieces of at most 2 GiB, whole logical blocks.
-        let lbs = u64::from(self.info.limits.logical_block_size) / 512;
-        let step = (u64::from(u32::MAX) / 512) / lbs * lbs;
-        let mut at = 0;
-        while at < sectors {
-            let n = step.min(sectors - at);
-            self.call(
-                "write-zeroes",
-                Command::WriteZeroes,
-                flags,
-                start + at,
-                n,
-                None,
-            )
-            .await?;
-            at += n;
+        for (at, n) in self.pieces32(start, sectors) {
+            self.call("write-zeroes", Command::WriteZeroes, flags, at, n, None)
+                .await?;
         }
         if opts.fua && self.flags & proto::TF_SEND_FUA == 0 {
             self.flush(opts).await?;
@@ -694,15 +691,8 @@ impl BlockDevice for NbdDevice {
 
     async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
-        // TRIM lengths are 32-bit: pieces of at most 2 GiB, whole logical blocks.
-        let lbs = u64::from(self.info.limits.logical_block_size) / 512;
-        let step = (u64::from(u32::MAX) / 512) / lbs * lbs;
-        let mut at = 0;
-        while at < sectors {
-            let n = step.min(sectors - at);
-            self.call("discard", Command::Trim, 0, start + at, n, None)
-                .await?;
-            at += n;
+        for (at, n) in self.pieces32(start, sectors) {
+            self.call("discard", Command::Trim, 0, at, n, None).await?;
         }
         Ok(())
     }
