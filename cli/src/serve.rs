@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
+use tagstripe::nbd::session::ExportEntry;
 use tagstripe::nbd::{NbdServer, ServerConfig};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::IoClass;
@@ -70,6 +71,11 @@ pub(crate) struct ServeArgs {
     /// it may read and write the volume).
     #[arg(long)]
     insecure: bool,
+    /// Also export the volume as NAME with its requests in CLASS (repeatable): a VM's disk
+    /// on the main export and a backup job on `--class-export backup:bulk` share the volume,
+    /// with the tagged queues' fairness between them.
+    #[arg(long, value_name = "NAME:CLASS", value_parser = parse_class_export)]
+    class_export: Vec<(String, IoClass)>,
     /// Largest request a client may send, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_request: u32,
@@ -89,6 +95,16 @@ fn parse_class(s: &str) -> Result<IoClass, String> {
     .into_iter()
     .find(|c| c.name() == s)
     .ok_or_else(|| format!("{s:?}: expected interactive, best-effort, bulk or idle"))
+}
+
+fn parse_class_export(s: &str) -> Result<(String, IoClass), String> {
+    let (name, class) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NAME:CLASS, e.g. backup:bulk"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: the export name is empty"));
+    }
+    Ok((name.to_owned(), parse_class(class)?))
 }
 
 pub(crate) fn run(args: &ServeArgs) -> ExitCode {
@@ -111,7 +127,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return crate::fail("serve", "open", &e, false),
     };
-    let (device, geometry): (Arc<dyn BlockDevice>, Option<String>) = if comps.len() == 1 {
+    let (device, volume): (Arc<dyn BlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
         (Arc::clone(&comps[0]), None)
     } else {
         let mut b = Volume::builder(comps)
@@ -132,8 +148,8 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         let vol = b.build();
         match vol {
             Ok(v) => {
-                let g = v.geometry().to_string();
-                (Arc::new(v), Some(g))
+                let v = Arc::new(v);
+                (Arc::clone(&v) as Arc<dyn BlockDevice>, Some(v))
             }
             Err(e) => return crate::fail("serve", "volume", &e.to_string(), false),
         }
@@ -197,16 +213,35 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         },
         info.limits.logical_block_size
     );
-    match geometry {
-        Some(g) => say!("{g}"),
+    match &volume {
+        Some(v) => say!("{}", v.geometry()),
         None => say!("one component, exported directly: {}", info.name),
     }
-    let server = Arc::new(NbdServer::new(config).export_with(
-        &args.export,
-        Arc::clone(&device),
-        "a tagstripe volume",
-        args.read_only,
-    ));
+    let entry = |name: &str, class: Option<IoClass>| {
+        let mut e = ExportEntry::new(name, Arc::clone(&device));
+        e.description = "a tagstripe volume".to_owned();
+        e.read_only |= args.read_only;
+        e.volume = volume.clone();
+        e.class = class;
+        e
+    };
+    let mut server = NbdServer::new(config).export_entry(entry(&args.export, None));
+    for (name, class) in &args.class_export {
+        if *name == args.export {
+            return crate::fail(
+                "serve",
+                "bad_option",
+                &format!("--class-export {name}: that is the main export's name"),
+                false,
+            );
+        }
+        say!(
+            "export {name:?}: the same volume, requests in the {} class",
+            class.name()
+        );
+        server = server.export_entry(entry(name, Some(*class)));
+    }
+    let server = Arc::new(server);
     let stop = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

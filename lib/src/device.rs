@@ -257,6 +257,93 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
         write_zero_buffers(self, start, sectors, z, opts).await
     }
+
+    /// Which parts of `[start, start + sectors)` hold data and which are holes or read as
+    /// zeroes: the extents, in order, covering exactly the range (NBD's `base:allocation`,
+    /// `SEEK_DATA`/`SEEK_HOLE`). A hint, never a promise of content beyond what it says: an
+    /// extent marked `zero` reads as zeroes; one marked data may hold anything. Files ask the
+    /// filesystem (`lseek` `SEEK_DATA`/`SEEK_HOLE`), memory scans for zero blocks, volumes
+    /// map the range to their components and ask each; the default reports it all as data.
+    /// The range is checked as for a read.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, Extent, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 1024);
+    /// d.write(8, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
+    /// assert_eq!(
+    ///     d.allocation(0, 64).await?,
+    ///     [Extent::hole(8), Extent::data(8), Extent::hole(48)]
+    /// );
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
+        self.info().check(start, sectors)?;
+        Ok(vec![Extent::data(sectors)])
+    }
+}
+
+/// A run of sectors in one allocation state, as [`BlockDevice::allocation`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Extent {
+    /// Length in sectors (never 0).
+    pub sectors: u64,
+    /// Not allocated on the backing store (NBD's `NBD_STATE_HOLE`).
+    pub hole: bool,
+    /// Reads as zeroes (NBD's `NBD_STATE_ZERO`).
+    pub zero: bool,
+}
+
+impl Extent {
+    /// Allocated data.
+    #[must_use]
+    pub fn data(sectors: u64) -> Self {
+        Self {
+            sectors,
+            hole: false,
+            zero: false,
+        }
+    }
+
+    /// A hole that reads as zeroes.
+    #[must_use]
+    pub fn hole(sectors: u64) -> Self {
+        Self {
+            sectors,
+            hole: true,
+            zero: true,
+        }
+    }
+
+    /// Allocated, and reads as zeroes.
+    #[must_use]
+    pub fn zero(sectors: u64) -> Self {
+        Self {
+            sectors,
+            hole: false,
+            zero: true,
+        }
+    }
+
+    /// Whether two extents have the same state.
+    #[must_use]
+    pub fn same_state(&self, other: &Self) -> bool {
+        self.hole == other.hole && self.zero == other.zero
+    }
+}
+
+/// Appends `e` to `out`, merging it into the last extent if their states match; empty
+/// extents are dropped.
+pub(crate) fn push_extent(out: &mut Vec<Extent>, e: Extent) {
+    if e.sectors == 0 {
+        return;
+    }
+    match out.last_mut() {
+        Some(last) if last.same_state(&e) => last.sectors += e.sectors,
+        _ => out.push(e),
+    }
 }
 
 /// How [`BlockDevice::write_zeroes`] may zero.
@@ -356,5 +443,8 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     }
     async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
         (**self).write_zeroes(start, sectors, z, opts).await
+    }
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
+        (**self).allocation(start, sectors).await
     }
 }

@@ -310,6 +310,29 @@ impl Volume {
         &self.queues
     }
 
+    /// Which component holds each part of `[start, start + sectors)`, from the geometry
+    /// alone: runs of `(sectors, component, mirror partner)` (see
+    /// [`Striped::component_map`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tagstripe::{MemDevice, Volume};
+    /// let v = Volume::builder([Arc::new(MemDevice::new("a", 64)), Arc::new(MemDevice::new("b", 64))])
+    ///     .interleave(16).no_offset(true).build()?;
+    /// assert_eq!(v.component_map(8, 16)?, [(8, 0, None), (8, 1, None)]);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::Geometry`] if the range is outside the volume.
+    pub fn component_map(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> Result<Vec<(u64, usize, Option<usize>)>> {
+        self.striped.component_map(start, sectors)
+    }
+
     /// The components dropped from a mirror after failing a write (their data is stale);
     /// the volume serves from their partners. Empty when healthy.
     ///
@@ -409,5 +432,9 @@ impl BlockDevice for Volume {
             self.striped.discard(start, sectors, opts),
         )
         .await
+    }
+
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        self.striped.allocation(start, sectors).await
     }
 }

@@ -293,4 +293,9 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
             None => self.inner.discard(start, sectors, opts).await,
         }
     }
+
+    /// Passed through: faults are for I/O, not for the allocation query.
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        self.inner.allocation(start, sectors).await
+    }
 }

@@ -135,6 +135,31 @@ impl BlockDevice for MemDevice {
         self.zero(start, sectors);
         Ok(())
     }
+
+    /// Blocks of zeroes are holes (memory that was never written, or was zeroed, is not
+    /// told apart); anything else is data. Scanned per logical block.
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        self.info.check(start, sectors)?;
+        let block = self.info.limits.logical_block_size.max(512) as usize;
+        let mut out = Vec::new();
+        self.for_range(
+            start as usize * 512,
+            sectors as usize * 512,
+            |s, at, n, _| {
+                let shard = s.read();
+                for b in shard[at..at + n].chunks(block) {
+                    let n = b.len() as u64 / 512;
+                    let e = if b.iter().all(|&x| x == 0) {
+                        crate::Extent::hole(n)
+                    } else {
+                        crate::Extent::data(n)
+                    };
+                    crate::device::push_extent(&mut out, e);
+                }
+            },
+        );
+        Ok(out)
+    }
 }
 
 impl MemDevice {

@@ -572,4 +572,22 @@ impl BlockDevice for UringDevice {
             .build();
         self.simple("discard", start, sectors, e).await
     }
+
+    /// As for files: `SEEK_DATA` / `SEEK_HOLE` on a duplicate of the file's descriptor, on
+    /// tokio's blocking pool.
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        self.info.check(start, sectors)?;
+        let lbs = self.info.limits.lbs_sectors();
+        let err = |e: io::Error| Error::Io {
+            device: self.info.name.clone(),
+            op: "seek-data",
+            start,
+            sectors,
+            source: e,
+        };
+        let file = self.shared.file.try_clone().map_err(err)?;
+        tokio::task::spawn_blocking(move || super::file::seek_extents(&file, start, sectors, lbs))
+            .await
+            .map_err(|j| err(io::Error::other(j.to_string())))
+    }
 }

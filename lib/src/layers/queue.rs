@@ -514,6 +514,11 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         })
         .await
     }
+
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        // Metadata, not a command at the device: it takes no tag.
+        self.dev.allocation(start, sectors).await
+    }
 }
 
 impl<D: BlockDevice> Queue<D> {

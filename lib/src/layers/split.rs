@@ -121,4 +121,10 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         super::all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
         Ok(())
     }
+
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        // A question, not I/O: no pieces.
+        self.info.check(start, sectors)?;
+        self.dev.allocation(start, sectors).await
+    }
 }

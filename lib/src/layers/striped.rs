@@ -349,4 +349,54 @@ impl BlockDevice for Striped {
         super::all(discards).await?;
         Ok(())
     }
+
+    /// Each piece asks the component that holds it (for a mirror, a side in sync), and the
+    /// answers are joined in volume order, equal neighbours merged.
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        self.info.check(start, sectors)?;
+        let pieces = self.pieces(start, sectors)?;
+        let asks = pieces.iter().map(|p| {
+            let c = match p.mirror {
+                Some(m) if self.is_failed(p.component) => m,
+                _ => p.component,
+            };
+            async move {
+                self.components[c]
+                    .allocation(p.cblk, p.count)
+                    .await
+                    .map_err(|e| component(c, Some(p.lblk), e))
+            }
+        });
+        let mut out = Vec::new();
+        for extents in super::all(asks).await? {
+            for e in extents {
+                crate::device::push_extent(&mut out, e);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Striped {
+    /// Which component holds each part of `[start, start + sectors)`: runs of
+    /// `(sectors, component, mirror partner)` in volume order, from the geometry alone (no
+    /// I/O). The mirror partner is `None` without a mirror, and a dropped side is still
+    /// named (see [`Striped::failed_components`]).
+    ///
+    /// # Errors
+    /// [`Error::Geometry`] if the range is outside the volume.
+    pub fn component_map(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> Result<Vec<(u64, usize, Option<usize>)>> {
+        let mut out: Vec<(u64, usize, Option<usize>)> = Vec::new();
+        for p in self.geometry.map(start, sectors)? {
+            match out.last_mut() {
+                Some(last) if last.1 == p.component && last.2 == p.mirror => last.0 += p.count,
+                _ => out.push((p.count, p.component, p.mirror)),
+            }
+        }
+        Ok(out)
+    }
 }

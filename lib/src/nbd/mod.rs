@@ -8,6 +8,7 @@ mod allow;
 mod client;
 pub mod proto;
 mod server;
+pub mod session;
 
 pub use allow::{AllowList, Network};
 pub use client::{ClientConfig, NbdDevice, NbdUrl};

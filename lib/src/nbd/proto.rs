@@ -3,7 +3,9 @@
 //!
 //! Source: the NBD protocol, `doc/proto.md` in the NetworkBlockDevice/nbd repository
 //! (fixed-newstyle negotiation, the `INFO` extension's `NBD_OPT_INFO` / `NBD_OPT_GO`, simple
-//! replies). All integers are big-endian.
+//! and structured replies, metadata contexts and block status), and the extended headers of
+//! the `extension-ext-header` branch of the same document (64-bit lengths, as qemu 8.2+ and
+//! libnbd 1.18+ negotiate). All integers are big-endian.
 
 /// `NBDMAGIC`, the first 8 bytes a newstyle server sends.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -15,8 +17,12 @@ pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 /// The magic of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-/// The magic of a structured reply (tagstripe never negotiates them).
+/// The magic of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// The magic of an extended request header (32 bytes, 64-bit length).
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+/// The magic of an extended reply chunk header (32 bytes).
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 /// Handshake flag: fixed newstyle.
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -41,10 +47,16 @@ pub const TF_ROTATIONAL: u16 = 1 << 4;
 pub const TF_SEND_TRIM: u16 = 1 << 5;
 /// Transmission flag: `NBD_CMD_WRITE_ZEROES` supported.
 pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// Transmission flag: `NBD_CMD_FLAG_DF` (one content chunk per read) supported.
+pub const TF_SEND_DF: u16 = 1 << 7;
 /// Transmission flag: flush and FUA are visible across connections.
 pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
+/// Transmission flag: `NBD_CMD_CACHE` supported.
+pub const TF_SEND_CACHE: u16 = 1 << 10;
 /// Transmission flag: `NBD_CMD_FLAG_FAST_ZERO` supported on `WRITE_ZEROES`.
 pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
+/// Transmission flag: `NBD_CMD_BLOCK_STATUS` accepts a payload naming the contexts wanted.
+pub const TF_BLOCK_STATUS_PAYLOAD: u16 = 1 << 12;
 
 /// Option: choose an export and start transmission (no error reply possible).
 pub const OPT_EXPORT_NAME: u32 = 1;
@@ -58,8 +70,14 @@ pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 /// Option: describe an export and start transmission.
 pub const OPT_GO: u32 = 7;
-/// Option: structured replies (not supported).
+/// Option: structured replies.
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+/// Option: list metadata contexts.
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+/// Option: select metadata contexts for block status.
+pub const OPT_SET_META_CONTEXT: u32 = 10;
+/// Option: extended headers (64-bit lengths).
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 /// Option reply: accepted / end of list.
 pub const REP_ACK: u32 = 1;
@@ -67,14 +85,22 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 /// Option reply: one piece of information about an export.
 pub const REP_INFO: u32 = 3;
+/// Option reply: one metadata context (its id and name).
+pub const REP_META_CONTEXT: u32 = 4;
 /// Option reply error: unknown option.
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 /// Option reply error: not allowed.
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 /// Option reply error: malformed option.
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+/// Option reply error: TLS is required first.
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// Option reply error: no such export.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+/// Option reply error: the server is shutting down.
+pub const REP_ERR_SHUTDOWN: u32 = (1 << 31) + 7;
+/// Option reply error: the request is too big.
+pub const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
 
 /// Information type: size and transmission flags.
 pub const INFO_EXPORT: u16 = 0;
@@ -89,8 +115,42 @@ pub const INFO_BLOCK_SIZE: u16 = 3;
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 /// Command flag: write zeroes without punching a hole.
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// Command flag: answer a read in one content chunk ("don't fragment").
+pub const CMD_FLAG_DF: u16 = 1 << 2;
+/// Command flag: block status with one extent per context.
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 /// Command flag: fail fast if zeroing is not fast.
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Command flag (extended headers): the length is a payload that follows the header.
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
+
+/// Reply chunk flag: the last chunk of its reply.
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+/// Reply chunk type: nothing (success, final).
+pub const REPLY_TYPE_NONE: u16 = 0;
+/// Reply chunk type: data at an offset.
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+/// Reply chunk type: a run of zeroes at an offset.
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+/// Reply chunk type: block status extents of one context (32-bit).
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Reply chunk type: block status extents of one context (64-bit, extended headers).
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
+/// Reply chunk type: an error.
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+/// Reply chunk type: an error at an offset.
+pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
+
+/// `base:allocation` status flag: not allocated.
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` status flag: reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
+
+/// The standard allocation context.
+pub const CONTEXT_BASE_ALLOCATION: &str = "base:allocation";
+/// tagstripe's context: which component holds each extent. Status bits 0-15 are the
+/// component's index; bits 16-31 are a mirror partner's index plus one (0: no mirror).
+pub const CONTEXT_TAGSTRIPE_COMPONENT: &str = "tagstripe:component";
 
 /// Errors the protocol allows in a reply (Linux errno values).
 pub mod errno {
@@ -125,8 +185,12 @@ pub enum Command {
     Flush,
     /// `NBD_CMD_TRIM`.
     Trim,
+    /// `NBD_CMD_CACHE`.
+    Cache,
     /// `NBD_CMD_WRITE_ZEROES`.
     WriteZeroes,
+    /// `NBD_CMD_BLOCK_STATUS`.
+    BlockStatus,
     /// Any other command (answered with `EINVAL`).
     Other(u16),
 }
@@ -141,7 +205,9 @@ impl Command {
             Self::Disc => 2,
             Self::Flush => 3,
             Self::Trim => 4,
+            Self::Cache => 5,
             Self::WriteZeroes => 6,
+            Self::BlockStatus => 7,
             Self::Other(c) => c,
         }
     }
@@ -155,7 +221,9 @@ impl Command {
             2 => Self::Disc,
             3 => Self::Flush,
             4 => Self::Trim,
+            5 => Self::Cache,
             6 => Self::WriteZeroes,
+            7 => Self::BlockStatus,
             c => Self::Other(c),
         }
     }
@@ -585,6 +653,424 @@ impl ExportInfo {
     }
 }
 
+/// The header of an extended request (32 bytes on the wire), used once extended headers
+/// are negotiated: as [`Request`] with a 64-bit length (a payload length with
+/// [`CMD_FLAG_PAYLOAD_LEN`], else an effect length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtendedRequest {
+    /// Command flags (`CMD_FLAG_*`).
+    pub flags: u16,
+    /// The command.
+    pub command: Command,
+    /// The client's cookie, echoed in the reply.
+    pub handle: u64,
+    /// Byte offset.
+    pub offset: u64,
+    /// Byte length.
+    pub length: u64,
+}
+
+impl ExtendedRequest {
+    /// Bytes on the wire.
+    pub const LEN: usize = 32;
+
+    /// Parses an extended request header.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`] or [`WireError::BadMagic`].
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        need(b, Self::LEN, "extended request")?;
+        magic32(b, EXTENDED_REQUEST_MAGIC, "extended request")?;
+        Ok(Self {
+            flags: be16(b, 4),
+            command: Command::from_code(be16(b, 6)),
+            handle: be64(b, 8),
+            offset: be64(b, 16),
+            length: be64(b, 24),
+        })
+    }
+
+    /// Encodes the header.
+    #[must_use]
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&self.flags.to_be_bytes());
+        b[6..8].copy_from_slice(&self.command.code().to_be_bytes());
+        b[8..16].copy_from_slice(&self.handle.to_be_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        b[24..32].copy_from_slice(&self.length.to_be_bytes());
+        b
+    }
+}
+
+fn need(b: &[u8], n: usize, what: &'static str) -> Result<(), WireError> {
+    if b.len() < n {
+        return Err(WireError::Truncated {
+            what,
+            got: b.len(),
+            need: n,
+        });
+    }
+    Ok(())
+}
+
+fn magic32(b: &[u8], expected: u32, what: &'static str) -> Result<(), WireError> {
+    let got = be32(b, 0);
+    if got != expected {
+        return Err(WireError::BadMagic {
+            what,
+            got: got.into(),
+            expected: expected.into(),
+        });
+    }
+    Ok(())
+}
+
+/// The header of one reply chunk: structured (20 bytes, 32-bit length) or extended
+/// (32 bytes, with the request's offset and a 64-bit length). `length` bytes of payload
+/// follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Reply flags ([`REPLY_FLAG_DONE`]).
+    pub flags: u16,
+    /// The chunk type (`REPLY_TYPE_*`).
+    pub kind: u16,
+    /// The request's cookie.
+    pub handle: u64,
+    /// The request's offset (extended headers only; 0 in a structured chunk).
+    pub offset: u64,
+    /// Payload length.
+    pub length: u64,
+}
+
+impl ChunkHeader {
+    /// Bytes of a structured chunk header.
+    pub const STRUCTURED_LEN: usize = 20;
+    /// Bytes of an extended chunk header.
+    pub const EXTENDED_LEN: usize = 32;
+
+    /// Parses a chunk header of either form, by its magic.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`] or [`WireError::BadMagic`] (also for a simple reply).
+    pub fn parse(b: &[u8]) -> Result<(Self, bool), WireError> {
+        need(b, 4, "reply chunk")?;
+        match be32(b, 0) {
+            STRUCTURED_REPLY_MAGIC => {
+                need(b, Self::STRUCTURED_LEN, "structured reply chunk")?;
+                Ok((
+                    Self {
+                        flags: be16(b, 4),
+                        kind: be16(b, 6),
+                        handle: be64(b, 8),
+                        offset: 0,
+                        length: be32(b, 16).into(),
+                    },
+                    false,
+                ))
+            }
+            EXTENDED_REPLY_MAGIC => {
+                need(b, Self::EXTENDED_LEN, "extended reply chunk")?;
+                Ok((
+                    Self {
+                        flags: be16(b, 4),
+                        kind: be16(b, 6),
+                        handle: be64(b, 8),
+                        offset: be64(b, 16),
+                        length: be64(b, 24),
+                    },
+                    true,
+                ))
+            }
+            got => Err(WireError::BadMagic {
+                what: "reply chunk",
+                got: got.into(),
+                expected: STRUCTURED_REPLY_MAGIC.into(),
+            }),
+        }
+    }
+
+    /// Appends the header, extended or structured, to `out`. A structured header's length
+    /// is 32 bits: the caller keeps payloads below 4 GiB there.
+    pub fn encode_into(&self, extended: bool, out: &mut Vec<u8>) {
+        if extended {
+            out.extend_from_slice(&EXTENDED_REPLY_MAGIC.to_be_bytes());
+        } else {
+            out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        }
+        out.extend_from_slice(&self.flags.to_be_bytes());
+        out.extend_from_slice(&self.kind.to_be_bytes());
+        out.extend_from_slice(&self.handle.to_be_bytes());
+        if extended {
+            out.extend_from_slice(&self.offset.to_be_bytes());
+            out.extend_from_slice(&self.length.to_be_bytes());
+        } else {
+            let len = u32::try_from(self.length).unwrap_or(u32::MAX);
+            out.extend_from_slice(&len.to_be_bytes());
+        }
+    }
+}
+
+/// The payload of a reply chunk, decoded by its type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chunk {
+    /// `NBD_REPLY_TYPE_NONE`.
+    None,
+    /// `NBD_REPLY_TYPE_OFFSET_DATA`: the data's offset (the data follows the 8 bytes).
+    OffsetData {
+        /// Byte offset in the export.
+        offset: u64,
+    },
+    /// `NBD_REPLY_TYPE_OFFSET_HOLE`: `size` bytes of zeroes at `offset`.
+    OffsetHole {
+        /// Byte offset in the export.
+        offset: u64,
+        /// Bytes of zeroes.
+        size: u32,
+    },
+    /// `NBD_REPLY_TYPE_BLOCK_STATUS` or `_EXT`: extents `(length, status)` of one context.
+    BlockStatus {
+        /// The context's id.
+        context: u32,
+        /// `(bytes, status flags)` in order.
+        extents: Vec<(u64, u64)>,
+    },
+    /// `NBD_REPLY_TYPE_ERROR` or `_ERROR_OFFSET`.
+    Error {
+        /// The errno value.
+        error: u32,
+        /// A message for humans.
+        message: String,
+        /// Where it happened (`ERROR_OFFSET`).
+        offset: Option<u64>,
+    },
+}
+
+impl Chunk {
+    /// Decodes the payload of a chunk of type `kind`. For `OFFSET_DATA` only the first 8
+    /// bytes (the offset) are read; the data is the rest.
+    ///
+    /// # Errors
+    /// [`WireError::Invalid`] for an unknown type or a payload of the wrong shape.
+    pub fn parse(kind: u16, extended: bool, b: &[u8]) -> Result<Self, WireError> {
+        let bad = |what: String| Err(WireError::Invalid { what });
+        match kind {
+            REPLY_TYPE_NONE if b.is_empty() => Ok(Self::None),
+            REPLY_TYPE_OFFSET_DATA if b.len() > 8 => Ok(Self::OffsetData { offset: be64(b, 0) }),
+            REPLY_TYPE_OFFSET_HOLE if b.len() == 12 && be32(b, 8) != 0 => Ok(Self::OffsetHole {
+                offset: be64(b, 0),
+                size: be32(b, 8),
+            }),
+            REPLY_TYPE_BLOCK_STATUS if !extended && b.len() >= 12 && (b.len() - 4) % 8 == 0 => {
+                let extents = b[4..]
+                    .chunks(8)
+                    .map(|d| (u64::from(be32(d, 0)), u64::from(be32(d, 4))))
+                    .collect();
+                Ok(Self::BlockStatus {
+                    context: be32(b, 0),
+                    extents,
+                })
+            }
+            REPLY_TYPE_BLOCK_STATUS_EXT
+                if extended
+                    && b.len() >= 24
+                    && (b.len() - 8) % 16 == 0
+                    && be32(b, 4) as usize == (b.len() - 8) / 16 =>
+            {
+                let extents = b[8..]
+                    .chunks(16)
+                    .map(|d| (be64(d, 0), be64(d, 8)))
+                    .collect();
+                Ok(Self::BlockStatus {
+                    context: be32(b, 0),
+                    extents,
+                })
+            }
+            REPLY_TYPE_ERROR | REPLY_TYPE_ERROR_OFFSET if b.len() >= 6 => {
+                let n = be16(b, 4) as usize;
+                let tail = if kind == REPLY_TYPE_ERROR { 0 } else { 8 };
+                if b.len() != 6 + n + tail || be32(b, 0) == 0 {
+                    return bad(format!("error chunk of {} bytes, message {n}", b.len()));
+                }
+                let message = String::from_utf8_lossy(&b[6..6 + n]).into_owned();
+                let offset = (tail == 8).then(|| be64(b, 6 + n));
+                Ok(Self::Error {
+                    error: be32(b, 0),
+                    message,
+                    offset,
+                })
+            }
+            _ => bad(format!(
+                "reply chunk of type {kind} with {} bytes of payload",
+                b.len()
+            )),
+        }
+    }
+
+    /// The chunk type this payload is sent as.
+    #[must_use]
+    pub fn kind(&self, extended: bool) -> u16 {
+        match self {
+            Self::None => REPLY_TYPE_NONE,
+            Self::OffsetData { .. } => REPLY_TYPE_OFFSET_DATA,
+            Self::OffsetHole { .. } => REPLY_TYPE_OFFSET_HOLE,
+            Self::BlockStatus { .. } if extended => REPLY_TYPE_BLOCK_STATUS_EXT,
+            Self::BlockStatus { .. } => REPLY_TYPE_BLOCK_STATUS,
+            Self::Error { offset: None, .. } => REPLY_TYPE_ERROR,
+            Self::Error { .. } => REPLY_TYPE_ERROR_OFFSET,
+        }
+    }
+
+    /// Encodes the payload (for `OffsetData`, only its 8-byte offset: the data follows).
+    /// Without extended headers, extent lengths and statuses are cut to 32 bits (the caller
+    /// keeps them there); a message is cut to the protocol's 4096 bytes.
+    #[must_use]
+    pub fn encode(&self, extended: bool) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            Self::None => {}
+            Self::OffsetData { offset } => b.extend_from_slice(&offset.to_be_bytes()),
+            Self::OffsetHole { offset, size } => {
+                b.extend_from_slice(&offset.to_be_bytes());
+                b.extend_from_slice(&size.to_be_bytes());
+            }
+            Self::BlockStatus { context, extents } => {
+                b.extend_from_slice(&context.to_be_bytes());
+                if extended {
+                    let n = u32::try_from(extents.len()).unwrap_or(u32::MAX);
+                    b.extend_from_slice(&n.to_be_bytes());
+                    for &(len, status) in extents {
+                        b.extend_from_slice(&len.to_be_bytes());
+                        b.extend_from_slice(&status.to_be_bytes());
+                    }
+                } else {
+                    for &(len, status) in extents {
+                        b.extend_from_slice(&(len.min(u32::MAX.into()) as u32).to_be_bytes());
+                        b.extend_from_slice(&(status as u32).to_be_bytes());
+                    }
+                }
+            }
+            Self::Error {
+                error,
+                message,
+                offset,
+            } => {
+                let mut m = message.as_bytes();
+                if m.len() > MAX_STRING {
+                    m = &m[..MAX_STRING];
+                }
+                b.extend_from_slice(&error.to_be_bytes());
+                b.extend_from_slice(&(m.len() as u16).to_be_bytes());
+                b.extend_from_slice(m);
+                if let Some(o) = offset {
+                    b.extend_from_slice(&o.to_be_bytes());
+                }
+            }
+        }
+        b
+    }
+}
+
+/// The data of `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: an export name and
+/// the context queries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaContextRequest {
+    /// The export's name.
+    pub name: String,
+    /// The queries (`namespace:leaf`).
+    pub queries: Vec<String>,
+}
+
+impl MetaContextRequest {
+    /// Parses the option's data.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`] if a length runs past the data, [`WireError::Invalid`] for
+    /// trailing bytes, over-long or non-UTF-8 strings.
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        let mut at = 0usize;
+        let string = |at: &mut usize| -> Result<String, WireError> {
+            need(&b[*at..], 4, "meta context request")?;
+            let n = be32(b, *at) as usize;
+            if n > MAX_STRING {
+                return Err(WireError::Invalid {
+                    what: format!("string of {n} bytes (at most {MAX_STRING})"),
+                });
+            }
+            need(&b[*at + 4..], n, "meta context request")?;
+            let s = std::str::from_utf8(&b[*at + 4..*at + 4 + n])
+                .map_err(|_| WireError::Invalid {
+                    what: "meta context string is not UTF-8".to_owned(),
+                })?
+                .to_owned();
+            *at += 4 + n;
+            Ok(s)
+        };
+        let name = string(&mut at)?;
+        need(&b[at..], 4, "meta context request")?;
+        let count = be32(b, at) as usize;
+        at += 4;
+        // Each query takes at least 4 bytes: a count beyond that is a lie.
+        if count > (b.len() - at) / 4 {
+            return Err(WireError::Truncated {
+                what: "meta context queries",
+                got: b.len(),
+                need: at + 4 * count,
+            });
+        }
+        let mut queries = Vec::with_capacity(count);
+        for _ in 0..count {
+            queries.push(string(&mut at)?);
+        }
+        if at != b.len() {
+            return Err(WireError::Invalid {
+                what: format!("{} bytes after the meta context queries", b.len() - at),
+            });
+        }
+        Ok(Self { name, queries })
+    }
+
+    /// Encodes the option's data.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&(self.name.len() as u32).to_be_bytes());
+        b.extend_from_slice(self.name.as_bytes());
+        b.extend_from_slice(&(self.queries.len() as u32).to_be_bytes());
+        for q in &self.queries {
+            b.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            b.extend_from_slice(q.as_bytes());
+        }
+        b
+    }
+}
+
+/// Encodes the data of an `NBD_REP_META_CONTEXT` reply: the id, then the name.
+#[must_use]
+pub fn meta_context(id: u32, name: &str) -> Vec<u8> {
+    let mut b = id.to_be_bytes().to_vec();
+    b.extend_from_slice(name.as_bytes());
+    b
+}
+
+/// Decodes the data of an `NBD_REP_META_CONTEXT` reply.
+///
+/// # Errors
+/// [`WireError::Truncated`] under 4 bytes, [`WireError::Invalid`] for a bad name.
+pub fn parse_meta_context(b: &[u8]) -> Result<(u32, String), WireError> {
+    need(b, 4, "meta context reply")?;
+    if b.len() - 4 > MAX_STRING {
+        return Err(WireError::Invalid {
+            what: format!("meta context name of {} bytes", b.len() - 4),
+        });
+    }
+    let name = std::str::from_utf8(&b[4..]).map_err(|_| WireError::Invalid {
+        what: "meta context name is not UTF-8".to_owned(),
+    })?;
+    Ok((be32(b, 0), name.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,6 +1112,82 @@ mod tests {
         let mut huge = b;
         huge[0] = 0xff;
         assert!(InfoRequest::parse(&huge).is_err());
+    }
+
+    #[test]
+    fn extended_request_and_chunks_round_trip() {
+        let r = ExtendedRequest {
+            flags: CMD_FLAG_PAYLOAD_LEN,
+            command: Command::Write,
+            handle: 7,
+            offset: 1 << 40,
+            length: 1 << 33,
+        };
+        assert_eq!(ExtendedRequest::parse(&r.encode()), Ok(r));
+        for ext in [false, true] {
+            let h = ChunkHeader {
+                flags: REPLY_FLAG_DONE,
+                kind: REPLY_TYPE_OFFSET_HOLE,
+                handle: 9,
+                offset: if ext { 4096 } else { 0 },
+                length: 12,
+            };
+            let mut b = Vec::new();
+            h.encode_into(ext, &mut b);
+            assert_eq!(ChunkHeader::parse(&b), Ok((h, ext)));
+            let chunks = [
+                Chunk::None,
+                Chunk::OffsetHole {
+                    offset: 4096,
+                    size: 512,
+                },
+                Chunk::BlockStatus {
+                    context: 1,
+                    extents: vec![(4096, 3), (512, 0)],
+                },
+                Chunk::Error {
+                    error: errno::EIO,
+                    message: "bad".to_owned(),
+                    offset: Some(512),
+                },
+                Chunk::Error {
+                    error: errno::EINVAL,
+                    message: String::new(),
+                    offset: None,
+                },
+            ];
+            for c in chunks {
+                let p = c.encode(ext);
+                assert_eq!(Chunk::parse(c.kind(ext), ext, &p), Ok(c));
+            }
+        }
+        // A hole of zero bytes, a status chunk with no extent, an error of 0: refused.
+        assert!(Chunk::parse(REPLY_TYPE_OFFSET_HOLE, false, &[0; 12]).is_err());
+        assert!(Chunk::parse(REPLY_TYPE_BLOCK_STATUS, false, &[0; 4]).is_err());
+        assert!(Chunk::parse(REPLY_TYPE_ERROR, false, &[0; 6]).is_err());
+    }
+
+    #[test]
+    fn meta_context_request_round_trips_and_refuses_garbage() {
+        let r = MetaContextRequest {
+            name: "vol".to_owned(),
+            queries: vec!["base:allocation".to_owned(), "tagstripe:".to_owned()],
+        };
+        let b = r.encode();
+        assert_eq!(MetaContextRequest::parse(&b), Ok(r));
+        assert!(MetaContextRequest::parse(&b[..b.len() - 1]).is_err());
+        let mut long = b.clone();
+        long.push(0);
+        assert!(MetaContextRequest::parse(&long).is_err());
+        // A count of a billion queries in a few bytes.
+        let mut lie = 3u32.to_be_bytes().to_vec();
+        lie.extend_from_slice(b"vol");
+        lie.extend_from_slice(&1_000_000_000u32.to_be_bytes());
+        assert!(MetaContextRequest::parse(&lie).is_err());
+        assert_eq!(
+            parse_meta_context(&meta_context(3, "base:allocation")),
+            Ok((3, "base:allocation".to_owned()))
+        );
     }
 
     #[test]
