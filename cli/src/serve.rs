@@ -279,7 +279,15 @@ async fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    eprintln!("tagstripe serve: stopped, flushed");
+    let c = server.counters();
+    eprintln!(
+        "tagstripe serve: stopped, flushed; {} connections, {} requests ({} failed), {} bytes read, {} bytes written",
+        c.connections.load(std::sync::atomic::Ordering::Relaxed),
+        c.requests.load(std::sync::atomic::Ordering::Relaxed),
+        c.error_replies.load(std::sync::atomic::Ordering::Relaxed),
+        c.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
+        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed),
+    );
     code
 }
 

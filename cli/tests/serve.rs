@@ -3,100 +3,17 @@
 //! files where the striping map says; a volume striped over three qemu-nbd exports. Skips
 //! with a printed reason when qemu-utils is missing (CI installs it).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use tagstripe_striping::Geometry;
 
 #[path = "../../lib/tests/common/peers.rs"]
 mod peers;
 use peers::{Peer, have, qemu_nbd, scratch};
-
-/// A running `tagstripe serve`; killed on drop unless stopped.
-struct Serve {
-    child: Child,
-    url: String,
-    out: Vec<String>,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Self {
-        Self::start_on("127.0.0.1:0", args)
-    }
-
-    fn start_on(listen: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
-            .arg("serve")
-            .args(["--listen", listen, "--export", "vol"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The first line names the address; it is printed once the socket listens.
-        let mut r = BufReader::new(child.stdout.take().unwrap());
-        let mut out = Vec::new();
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        out.push(line.trim().to_owned());
-        for _ in 0..2 {
-            line.clear();
-            r.read_line(&mut line).unwrap();
-            out.push(line.trim().to_owned());
-        }
-        // Keep draining stdout so the server never writes into a closed pipe.
-        std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
-        Self { child, url, out }
-    }
-
-    /// SIGTERM, then the exit status and stderr.
-    fn stop(mut self) -> (bool, String) {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let mut err = String::new();
-        use std::io::Read as _;
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        let ok = self.child.wait().unwrap().success();
-        (ok, err)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn qemu_io(url: &str, cmds: &[String]) -> String {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw", url]);
-    for cmd in cmds {
-        c.arg("-c").arg(cmd);
-    }
-    let o = c.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "qemu-io failed: {text}");
-    // qemu-io reports a pattern mismatch on stdout and still exits 0.
-    assert!(!text.contains("Pattern verification failed"), "{text}");
-    assert!(!text.contains("failed:"), "{text}");
-    text
-}
+#[path = "common/serve.rs"]
+mod serve;
+use serve::{Serve, have_python_libnbd, qemu_io};
 
 /// Reads the bytes of volume sectors `[start, start + count)` from the component files,
 /// through the striping map.
@@ -395,19 +312,6 @@ fn serve_on_a_unix_socket_and_stripe_over_one() {
             .status();
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Whether `/usr/bin/python3` has libnbd's bindings (Debian's python3-libnbd).
-fn have_python_libnbd() -> bool {
-    let ok = Command::new("/usr/bin/python3")
-        .args(["-c", "import nbd"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("skipping: /usr/bin/python3 has no nbd module (Debian: python3-libnbd)");
-    }
-    ok
 }
 
 /// libnbd starts `tagstripe serve` the two ways the ecosystem starts servers: with

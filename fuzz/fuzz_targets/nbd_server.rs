@@ -1,53 +1,86 @@
-//! The NBD server fed arbitrary client bytes (handshake, options, requests, payloads) over an
-//! in-memory pipe against a memory device: it must neither panic nor hang, and must answer
-//! or close. The input is the client's whole side of the conversation.
+//! The NBD server's session (the whole protocol, no I/O, no runtime) fed arbitrary client
+//! bytes in arbitrary pieces, with ops completed at once, some failing: it must never
+//! panic, never hold more than its byte budget (plus one request's payload), never hand out
+//! an op outside the export, and always either want more input or finish.
 #![no_main]
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::{NbdServer, ServerConfig};
-use tagstripe::scheduler::IoClass;
-use tagstripe::{BlockDevice, MemDevice};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tagstripe::nbd::session::{
+    Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig,
+};
+use tagstripe::{BlockDevice, Extent, MemDevice, Volume};
 
 fuzz_target!(|data: &[u8]| {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("mem", 2048));
-        let config = ServerConfig {
-            max_request: 64 << 10,
-            max_buffered: 1 << 20,
-            max_in_flight: 8,
-            ..ServerConfig::default()
-        };
-        let server = NbdServer::new(config).export("x", dev);
-        let (client, conn) = tokio::io::duplex(1 << 16);
-        let (mut rd, mut wr) = tokio::io::split(client);
-        let input = data.to_vec();
-        // Send everything, then close our side; drain the server's answers meanwhile.
-        let writer = tokio::spawn(async move {
-            let _ = wr.write_all(&input).await;
-            let _ = wr.shutdown().await;
-        });
-        let reader = tokio::spawn(async move {
-            let mut sink = vec![0u8; 1 << 16];
-            while let Ok(n) = rd.read(&mut sink).await {
-                if n == 0 {
+    let Some((&cut, data)) = data.split_first() else {
+        return;
+    };
+    let size = 2048u64 * 512;
+    let a: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("a", 1024));
+    let b: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("b", 1024));
+    let vol = Arc::new(Volume::builder([a, b]).interleave(16).no_offset(true).build().unwrap());
+    let mut e = ExportEntry::new("x", Arc::clone(&vol) as Arc<dyn BlockDevice>);
+    e.volume = Some(vol);
+    let ro = ExportEntry {
+        read_only: true,
+        ..ExportEntry::new("ro", Arc::new(MemDevice::new("r", 64)))
+    };
+    let catalog = Arc::new(Catalog::new().with(e).with(ro));
+    let config = SessionConfig {
+        max_request: 64 << 10,
+        max_buffered: 256 << 10,
+        max_in_flight: 4,
+        ..SessionConfig::default()
+    };
+    let mut s = ServerSession::new(catalog, config);
+    let piece = usize::from(cut % 61) + 1;
+    let mut n = 0u64;
+    let mut feed = data.chunks(piece);
+    loop {
+        while s.take_output().is_some() {}
+        let mut ran = false;
+        while let Some(op) = s.poll_op() {
+            ran = true;
+            n += 1;
+            assert!(op.offset + op.length <= size, "op outside the export: {op:?}");
+            let fail = n % 7 == 0;
+            let r = if fail {
+                Err((5, "injected".to_owned()))
+            } else {
+                Ok(match op.kind {
+                    OpKind::Read => Outcome::Data(Bytes::from(vec![(n % 3) as u8; op.length as usize])),
+                    OpKind::Allocation => Outcome::Extents(vec![Extent::data(op.length.div_ceil(512))]),
+                    OpKind::Write(ref d) => {
+                        assert_eq!(d.len() as u64, op.length);
+                        Outcome::Done
+                    }
+                    _ => Outcome::Done,
+                })
+            };
+            s.complete(op.id, r);
+        }
+        if s.is_finished() {
+            break;
+        }
+        if ran {
+            continue;
+        }
+        if !s.wants_input() {
+            // Nothing in flight, nothing wanted, not finished would be a stall.
+            assert!(s.in_flight() > 0 || s.take_output().is_some(), "the session stalled");
+            continue;
+        }
+        match feed.next() {
+            Some(c) => {
+                if s.receive(c).is_err() {
                     break;
                 }
             }
-        });
-        let served = tokio::time::timeout(
-            std::time::Duration::from_secs(20),
-            server.serve_connection(conn, IoClass::BestEffort),
-        )
-        .await;
-        assert!(served.is_ok(), "the server hung on this input");
-        let _ = writer.await;
-        let _ = reader.await;
-    });
+            None => {
+                s.end_of_input();
+            }
+        }
+    }
 });

@@ -4,7 +4,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use tagstripe::nbd::proto::{
-    ExportInfo, InfoRequest, OptionHeader, OptionReply, Request, SimpleReply,
+    Chunk, ChunkHeader, ExportInfo, ExtendedRequest, InfoRequest, MetaContextRequest,
+    OptionHeader, OptionReply, Request, SimpleReply, parse_meta_context, meta_context,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -25,6 +26,32 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(q) = InfoRequest::parse(data) {
         assert_eq!(q.encode(), data);
+    }
+    if let Ok(r) = ExtendedRequest::parse(data) {
+        assert_eq!(&r.encode()[..], &data[..ExtendedRequest::LEN]);
+    }
+    if let Ok((h, ext)) = ChunkHeader::parse(data) {
+        let mut b = Vec::new();
+        h.encode_into(ext, &mut b);
+        assert_eq!(&b[..], &data[..b.len()]);
+    }
+    if let Ok(q) = MetaContextRequest::parse(data) {
+        assert_eq!(q.encode(), data);
+    }
+    if let Ok((id, name)) = parse_meta_context(data) {
+        assert_eq!(meta_context(id, &name), data);
+    }
+    // Chunk payloads: the first two bytes pick the type, the third the header form.
+    if data.len() >= 3 {
+        let kind = u16::from_be_bytes([data[0], data[1]]);
+        let ext = data[2] & 1 == 1;
+        if let Ok(c) = Chunk::parse(kind, ext, &data[3..]) {
+            if !matches!(c, Chunk::OffsetData { .. }) {
+                assert_eq!(c.kind(ext), kind);
+                let again = Chunk::parse(kind, ext, &c.encode(ext)).unwrap();
+                assert_eq!(again, c);
+            }
+        }
     }
     let mut info = ExportInfo::default();
     if info.absorb(data).is_ok() {

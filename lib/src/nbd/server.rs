@@ -74,6 +74,10 @@ pub struct ServerCounters {
     pub replies: AtomicU64,
     /// Requests answered with an error.
     pub error_replies: AtomicU64,
+    /// Bytes read from the exports for clients (holes sent as holes included).
+    pub bytes_read: AtomicU64,
+    /// Bytes written to the exports for clients.
+    pub bytes_written: AtomicU64,
 }
 
 /// An NBD server exporting block devices by name: the protocol as today's clients speak it
@@ -446,8 +450,16 @@ impl NbdServer {
     async fn run(&self, e: Arc<ExportEntry>, op: Op) -> Done {
         let rmw = self.rmw.get(&e.name).cloned().unwrap_or_default();
         let max = u64::from(self.config.max_request);
-        let id = op.id;
+        let (id, len) = (op.id, op.length);
+        let counter = match op.kind {
+            OpKind::Read => Some(&self.counters.bytes_read),
+            OpKind::Write(_) => Some(&self.counters.bytes_written),
+            _ => None,
+        };
         let res = run_op(&e, &rmw, max, op).await;
+        if let (Some(c), Ok(_)) = (counter, &res) {
+            c.fetch_add(len, Relaxed);
+        }
         (id, res)
     }
 }
