@@ -113,6 +113,41 @@ struct Shared {
     pool: Mutex<Vec<Vec<u8>>>,
 }
 
+impl Shared {
+    /// Keeps `v` for the next read, within the pool's bounds.
+    fn give_back(&self, v: Vec<u8>) {
+        if v.len() <= POOL_MAX_BYTES {
+            let mut pool = self.pool.lock();
+            if pool.len() < POOL_BUFFERS {
+                pool.push(v);
+            }
+        }
+    }
+}
+
+/// A read's bytes in a pool buffer, returned to the pool when the last `Bytes` over it is
+/// dropped (the device may be gone by then: the buffer is then freed).
+struct Pooled {
+    buf: Vec<u8>,
+    off: usize,
+    len: usize,
+    shared: Weak<Shared>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared.upgrade() {
+            s.give_back(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
 /// Buffers kept in the pool, and the largest kept.
 const POOL_BUFFERS: usize = 64;
 const POOL_MAX_BYTES: usize = 4 << 20;
@@ -417,14 +452,9 @@ impl UringDevice {
         }
     }
 
-    /// Returns a `read_into` buffer to the pool (within its bounds).
+    /// Returns a read buffer to the pool (within its bounds).
     fn give_back(&self, v: Vec<u8>) {
-        if v.len() <= POOL_MAX_BYTES {
-            let mut pool = self.shared.pool.lock();
-            if pool.len() < POOL_BUFFERS {
-                pool.push(v);
-            }
-        }
+        self.shared.give_back(v);
     }
 
     async fn simple(
@@ -472,7 +502,14 @@ impl BlockDevice for UringDevice {
         self.info.check(start, sectors)?;
         let (buf, off) = self.read_raw(start, sectors).await?;
         let len = sectors as usize * 512;
-        Ok(Bytes::from(buf).slice(off..off + len))
+        // The buffer goes back to the pool when the caller drops the bytes: no allocation,
+        // zeroing or page faults per read once the pool is warm.
+        Ok(Bytes::from_owner(Pooled {
+            buf,
+            off,
+            len,
+            shared: Arc::downgrade(&self.shared),
+        }))
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], _opts: IoOpts) -> Result<()> {

@@ -1,6 +1,9 @@
 //! NBD: export a volume to any NBD client ([`NbdServer`]), and use exports on other hosts
-//! as devices ([`NbdDevice`]). The protocol is the NBD protocol (fixed newstyle, simple
-//! replies), interoperating with qemu-nbd, qemu's client, nbdkit and the Linux driver.
+//! as devices ([`NbdDevice`]). The protocol is the NBD protocol: the server speaks fixed
+//! newstyle with structured replies, extended headers, metadata contexts and block status
+//! ([`session`], a state machine with no I/O); the client speaks fixed newstyle with simple
+//! replies. Both interoperate with qemu-nbd, qemu's client, nbdkit, libnbd and the Linux
+//! driver.
 //!
 //! Feature `nbd`.
 

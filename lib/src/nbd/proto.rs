@@ -351,8 +351,9 @@ impl SimpleReply {
     /// Parses a reply header.
     ///
     /// # Errors
-    /// [`WireError::Truncated`] or [`WireError::BadMagic`] (also for a structured reply,
-    /// which tagstripe never negotiates).
+    /// [`WireError::Truncated`] or [`WireError::BadMagic`] (also for a structured reply
+    /// chunk: parse those with [`ChunkHeader::parse`]; tagstripe's client never negotiates
+    /// them).
     pub fn parse(b: &[u8]) -> Result<Self, WireError> {
         if b.len() < Self::LEN {
             return Err(WireError::Truncated {
