@@ -51,7 +51,11 @@ pub(crate) async fn open_all(
 
 /// Whether a component spec names a file or block device (where `O_DIRECT` applies).
 fn is_path(spec: &str) -> bool {
-    !(spec.starts_with("sim:") || spec.starts_with("nbd://") || spec.starts_with("nbd+unix://"))
+    !(spec.starts_with("sim:")
+        || spec.starts_with("nbd://")
+        || spec.starts_with("nbd+unix://")
+        || spec.starts_with("nbds://")
+        || spec.starts_with("nbds+unix://"))
 }
 
 /// Opens every component for a benchmark: files and block devices with `O_DIRECT` unless

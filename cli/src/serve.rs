@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use tagstripe::nbd::session::ExportEntry;
-use tagstripe::nbd::{NbdServer, ServerConfig};
+use tagstripe::nbd::{NbdServer, ServerConfig, TlsPolicy};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
@@ -67,10 +67,21 @@ pub(crate) struct ServeArgs {
     /// negotiation). Required, or --insecure, to listen on an address that is not loopback.
     #[arg(long, value_name = "ADDR[/PREFIX],...")]
     allow: Option<String>,
-    /// Listen on an address that is not loopback with no allow-list (anyone who can reach
-    /// it may read and write the volume).
+    /// Listen on an address that is not loopback with neither TLS nor an allow-list (anyone
+    /// who can reach it may read and write the volume).
     #[arg(long)]
     insecure: bool,
+    /// TLS: off, on (clients may upgrade with STARTTLS) or require (nothing but STARTTLS
+    /// before TLS). On and require need --tls-certificates.
+    #[arg(long, default_value = "off", value_parser = parse_tls)]
+    tls: TlsPolicy,
+    /// A directory with ca-cert.pem, server-cert.pem and server-key.pem (the layout of
+    /// qemu's tls-creds-x509 and nbdkit's --tls-certificates).
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<std::path::PathBuf>,
+    /// Clients must present a certificate signed by the directory's ca-cert.pem.
+    #[arg(long)]
+    tls_verify_peer: bool,
     /// Also export the volume as NAME with its requests in CLASS (repeatable): a VM's disk
     /// on the main export and a backup job on `--class-export backup:bulk` share the volume,
     /// with the tagged queues' fairness between them.
@@ -95,6 +106,15 @@ fn parse_class(s: &str) -> Result<IoClass, String> {
     .into_iter()
     .find(|c| c.name() == s)
     .ok_or_else(|| format!("{s:?}: expected interactive, best-effort, bulk or idle"))
+}
+
+fn parse_tls(s: &str) -> Result<TlsPolicy, String> {
+    match s {
+        "off" => Ok(TlsPolicy::Off),
+        "on" => Ok(TlsPolicy::On),
+        "require" => Ok(TlsPolicy::Require),
+        _ => Err(format!("{s:?}: expected off, on or require")),
+    }
 }
 
 fn parse_class_export(s: &str) -> Result<(String, IoClass), String> {
@@ -166,10 +186,36 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return crate::fail("serve", "bad_option", &format!("--allow: {e}"), false),
     };
+    let tls_config = match (args.tls, &args.tls_certificates) {
+        (TlsPolicy::Off, None) if args.tls_verify_peer => {
+            return crate::fail(
+                "serve",
+                "bad_option",
+                "--tls-verify-peer needs --tls on or --tls require",
+                false,
+            );
+        }
+        (TlsPolicy::Off, _) => None,
+        (_, None) => {
+            return crate::fail(
+                "serve",
+                "bad_option",
+                "--tls on and --tls require need --tls-certificates DIR (with ca-cert.pem, \
+                 server-cert.pem and server-key.pem)",
+                false,
+            );
+        }
+        (_, Some(dir)) => match tagstripe::nbd::tls::server_config(dir, args.tls_verify_peer) {
+            Ok(c) => Some(c),
+            Err(e) => return crate::fail("serve", "tls", &e.to_string(), false),
+        },
+    };
     let config = ServerConfig {
         max_request: args.max_request,
         class: args.class,
         allow: allow.clone(),
+        tls: args.tls,
+        tls_config,
         ..ServerConfig::default()
     };
     let listener = match Listener::bind(&args.listen).await {
@@ -179,14 +225,19 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         }
     };
     if let Listener::Tcp(_, addr) = &listener {
-        if !addr.ip().is_loopback() && allow.is_empty() && !args.insecure {
+        if !addr.ip().is_loopback()
+            && allow.is_empty()
+            && args.tls != TlsPolicy::Require
+            && !args.insecure
+        {
             return crate::fail(
                 "serve",
                 "insecure",
                 &format!(
                     "listening on {addr} lets anyone who can reach it read and write the volume \
-                     (the connection is not encrypted: TLS is not available yet); restrict it \
-                     with --allow ADDR[/PREFIX],... or accept the risk with --insecure"
+                     in the clear; require TLS with --tls require --tls-certificates DIR \
+                     [--tls-verify-peer], restrict it with --allow ADDR[/PREFIX],..., or \
+                     accept the risk with --insecure"
                 ),
                 false,
             );

@@ -427,7 +427,7 @@ fn allow_list_and_the_refusal_to_listen_openly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("--allow") && err.contains("--insecure"),
+        err.contains("--allow") && err.contains("--insecure") && err.contains("--tls require"),
         "{err}"
     );
     // A bad network is a clear error too.

@@ -133,6 +133,14 @@ pub enum Error {
         /// What went wrong.
         what: String,
     },
+    /// TLS credentials that cannot be used, or a TLS handshake that failed.
+    #[error("TLS: {path}: {what}")]
+    Tls {
+        /// The file, directory or peer concerned.
+        path: String,
+        /// What is wrong.
+        what: String,
+    },
     /// A request or connection took longer than allowed.
     #[error("{device}: {op} timed out")]
     Timeout {
@@ -216,7 +224,7 @@ impl Error {
     /// The errno that best says what went wrong: the device's own for I/O and NBD errors
     /// (EIO if it gave none), EINVAL for bad requests, EROFS, EOPNOTSUPP, EAGAIN for
     /// QUEUE FULL and BUSY, ESHUTDOWN for a closed device, ETIMEDOUT, ECONNREFUSED for a
-    /// connection that failed without one, EPROTO for a protocol violation.
+    /// connection that failed without one, EPROTO for a protocol violation, EACCES for TLS.
     #[must_use]
     pub fn errno(&self) -> i32 {
         match self.root() {
@@ -234,6 +242,7 @@ impl Error {
             Self::Closed { .. } => libc::ESHUTDOWN,
             Self::Nbd { errno, .. } => i32::try_from(*errno).unwrap_or(libc::EIO),
             Self::Protocol { .. } => libc::EPROTO,
+            Self::Tls { .. } => libc::EACCES,
             Self::Timeout { .. } => libc::ETIMEDOUT,
             Self::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
             Self::Component { .. } => libc::EIO,

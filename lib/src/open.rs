@@ -40,7 +40,7 @@ impl OpenOptions {
 
 /// Opens the device `spec` names:
 /// - `nbd://host[:port][/export]` or `nbd+unix:///export?socket=PATH`: an NBD export (feature
-///   `nbd`);
+///   `nbd`); `nbds://...?tls-certificates=DIR` and `nbds+unix://...` over TLS (feature `tls`);
 /// - `sim:PROFILE:SIZE`: a simulated disk (`hdd-1998`, `hdd-modern` or `ssd`; SIZE like
 ///   `256M`, whole sectors);
 /// - a block device (detected), with its sizes, sysfs limits and identity;
@@ -83,7 +83,10 @@ pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn BlockDevice>> {
             bytes / 512,
         )?));
     }
-    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+    if ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
+        .iter()
+        .any(|p| spec.starts_with(p))
+    {
         #[cfg(feature = "nbd")]
         {
             return Ok(Arc::new(crate::nbd::NbdDevice::connect(spec).await?));

@@ -125,6 +125,17 @@ impl Shared {
     }
 }
 
+/// Whether `f` is on tmpfs (`statfs`'s `TMPFS_MAGIC`).
+fn on_tmpfs(f: &File) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: fstatfs writes one `statfs` into the zeroed buffer we own and pass; it is read
+    // only if the call succeeds. The fd is owned by the live `File`. Exercised by every
+    // io_uring device opened in the tests.
+    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), st.as_mut_ptr()) };
+    // SAFETY: initialised by the successful call above (and zeroed before it anyway).
+    rc == 0 && unsafe { st.assume_init() }.f_type == libc::TMPFS_MAGIC
+}
+
 /// A read's bytes in a pool buffer, returned to the pool when the last `Bytes` over it is
 /// dropped (the device may be gone by then: the buffer is then freed).
 struct Pooled {
@@ -290,6 +301,22 @@ pub struct UringDevice {
     info: DeviceInfo,
     direct: bool,
     shared: Arc<Shared>,
+    /// How reads may be done at once on the calling thread instead of through the ring.
+    inline: Inline,
+}
+
+/// Reads that cannot wait for a device need no trip through the ring (which, for a file in
+/// memory, is a hop to an io_uring worker thread and back).
+#[derive(Debug)]
+enum Inline {
+    /// Never (O_DIRECT, block devices: every read goes to the device).
+    Never,
+    /// The file lives in memory (tmpfs): a read is a copy, done at once.
+    Always,
+    /// Try `preadv2(RWF_NOWAIT)`: served at once from the page cache, or refused at once
+    /// (`EAGAIN`) and sent to the ring. Turned off for good if the filesystem refuses the
+    /// flag itself.
+    NoWait(std::sync::atomic::AtomicBool),
 }
 
 impl std::fmt::Debug for Shared {
@@ -330,8 +357,16 @@ impl UringDevice {
             device: info.name.clone(),
             op: "io_uring",
         })?;
+        let inline = if opts.direct || block {
+            Inline::Never
+        } else if on_tmpfs(&file) {
+            Inline::Always
+        } else {
+            Inline::NoWait(std::sync::atomic::AtomicBool::new(true))
+        };
         Ok(Self {
             info,
+            inline,
             direct: opts.direct,
             shared: Arc::new(Shared {
                 ring: Mutex::new(Ring {
@@ -408,6 +443,9 @@ impl UringDevice {
         // The kernel reads into a buffer the ring owns (never the caller's, which a dropped
         // future would leave the kernel writing into).
         let (mut buf, off) = self.pooled(len);
+        if self.read_inline(&mut buf[off..off + len], start * 512) {
+            return Ok((buf, off));
+        }
         let fd = types::Fd(self.shared.file.as_raw_fd());
         let e = opcode::Read::new(fd, buf[off..].as_mut_ptr(), n)
             .offset(start * 512)
@@ -426,6 +464,40 @@ impl UringDevice {
         rx.await
             .map_err(|_| self.closed())?
             .map_err(self.io("read", start, sectors))
+    }
+
+    /// Reads `buf` at `offset` on this thread if that cannot wait for a device (see
+    /// [`Inline`]); false if it was not done (then nothing of `buf` is to be trusted).
+    fn read_inline(&self, buf: &mut [u8], offset: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let flags = match &self.inline {
+            Inline::Never => return false,
+            Inline::Always => 0,
+            Inline::NoWait(on) if !on.load(Relaxed) => return false,
+            Inline::NoWait(_) => libc::RWF_NOWAIT,
+        };
+        let Ok(off) = libc::off_t::try_from(offset) else {
+            return false;
+        };
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: the iovec names `buf`, which is live and exclusively borrowed for the call;
+        // the kernel writes at most `buf.len()` bytes into it and nothing after the call
+        // returns (a synchronous read). The fd is owned by the live `File` in `shared`.
+        // Exercised by the io_uring tests on files (page cache) and tmpfs.
+        let n = unsafe { libc::preadv2(self.shared.file.as_raw_fd(), &iov, 1, off, flags) };
+        if n < 0 {
+            if let Inline::NoWait(on) = &self.inline {
+                if io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    on.store(false, Relaxed);
+                }
+            }
+            return false;
+        }
+        // A short read (part cached, or past the end) goes to the ring whole.
+        n as usize == buf.len()
     }
 
     /// A buffer of at least `len` bytes (plus alignment room for O_DIRECT) and the offset

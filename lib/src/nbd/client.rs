@@ -45,7 +45,9 @@ type ReadHalf = BufReader<Box<dyn AsyncRead + Send + Unpin>>;
 type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Where an NBD export is: `nbd://host[:port][/export]` (port 10809 by default), or
-/// `nbd+unix:///[export]?socket=PATH` for a Unix socket (the NBD URI forms).
+/// `nbd+unix:///[export]?socket=PATH` for a Unix socket (the NBD URI forms); with TLS,
+/// `nbds://host[:port][/export]?tls-certificates=DIR` and
+/// `nbds+unix:///[export]?socket=PATH&tls-certificates=DIR` (libnbd's forms).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdUrl {
     /// Host and port, as given to `connect` (empty for a Unix socket).
@@ -54,6 +56,9 @@ pub struct NbdUrl {
     pub export: String,
     /// The Unix socket's path, for `nbd+unix://`.
     pub socket: Option<String>,
+    /// For `nbds://`: the directory with `ca-cert.pem` (and `client-cert.pem` /
+    /// `client-key.pem` to present, if there).
+    pub tls_certificates: Option<String>,
 }
 
 impl NbdUrl {
@@ -66,6 +71,9 @@ impl NbdUrl {
     /// assert!(NbdUrl::parse("http://x").is_err());
     /// let u = NbdUrl::parse("nbd+unix:///disk0?socket=/run/nbd.sock").unwrap();
     /// assert_eq!(u.socket.as_deref(), Some("/run/nbd.sock"));
+    /// let u = NbdUrl::parse("nbds://h:10810/d?tls-certificates=/etc/pki/nbd").unwrap();
+    /// assert_eq!((u.export.as_str(), u.tls_certificates.as_deref()), ("d", Some("/etc/pki/nbd")));
+    /// assert!(NbdUrl::parse("nbds://h/d").is_err()); // which CA to trust?
     /// ```
     ///
     /// # Errors
@@ -76,6 +84,39 @@ impl NbdUrl {
             url: url.to_owned(),
             why: why.to_owned(),
         };
+        let (tls, plain) = if let Some(rest) = url.strip_prefix("nbds+unix://") {
+            (true, format!("nbd+unix://{rest}"))
+        } else if let Some(rest) = url.strip_prefix("nbds://") {
+            (true, format!("nbd://{rest}"))
+        } else {
+            (false, url.to_owned())
+        };
+        if tls {
+            // The query's tls-certificates names the trust; the rest parses as for nbd.
+            let (head, query) = plain.split_once('?').unwrap_or((&plain, ""));
+            let mut dir = None;
+            let mut rest = Vec::new();
+            for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+                match kv.strip_prefix("tls-certificates=") {
+                    Some(d) if !d.is_empty() => dir = Some(d.to_owned()),
+                    _ => rest.push(kv),
+                }
+            }
+            let dir = dir.ok_or_else(|| {
+                bad("an nbds URL needs tls-certificates=DIR (the directory with ca-cert.pem)")
+            })?;
+            let inner = if rest.is_empty() {
+                head.to_owned()
+            } else {
+                format!("{head}?{}", rest.join("&"))
+            };
+            let mut u = Self::parse(&inner).map_err(|e| match e {
+                Error::BadUrl { why, .. } => bad(&why),
+                e => e,
+            })?;
+            u.tls_certificates = Some(dir);
+            return Ok(u);
+        }
         if let Some(rest) = url.strip_prefix("nbd+unix://") {
             let (path, query) = rest
                 .split_once('?')
@@ -90,6 +131,7 @@ impl NbdUrl {
                 addr: String::new(),
                 export: export.to_owned(),
                 socket: Some(socket.to_owned()),
+                tls_certificates: None,
             });
         }
         let rest = url
@@ -118,6 +160,50 @@ impl NbdUrl {
             addr,
             export: export.to_owned(),
             socket: None,
+            tls_certificates: None,
+        })
+    }
+
+    /// The name the server's certificate must carry: the host (a name or an address), or
+    /// `localhost` for a Unix socket.
+    #[must_use]
+    pub fn server_name(&self) -> String {
+        if self.socket.is_some() {
+            return "localhost".to_owned();
+        }
+        let host = match self.addr.rfind(':') {
+            Some(i) if !self.addr[i..].contains(']') => &self.addr[..i],
+            _ => &self.addr,
+        };
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned()
+    }
+
+    /// Connects the stream the URL names, whole (for a TLS upgrade).
+    #[cfg(feature = "tls")]
+    async fn connect_stream(&self) -> Result<Box<dyn Stream>> {
+        Ok(match &self.socket {
+            Some(path) => {
+                Box::new(
+                    UnixStream::connect(path)
+                        .await
+                        .map_err(|source| Error::Connect {
+                            addr: path.clone(),
+                            source,
+                        })?,
+                )
+            }
+            None => {
+                let s = TcpStream::connect(&self.addr)
+                    .await
+                    .map_err(|source| Error::Connect {
+                        addr: self.addr.clone(),
+                        source,
+                    })?;
+                let _ = s.set_nodelay(true);
+                Box::new(s)
+            }
         })
     }
 
@@ -152,12 +238,21 @@ impl NbdUrl {
 
 impl std::fmt::Display for NbdUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.tls_certificates.is_some() {
+            "s"
+        } else {
+            ""
+        };
         match &self.socket {
-            Some(p) => write!(f, "nbd+unix:///{}?socket={p}", self.export),
-            None => write!(f, "nbd://{}/{}", self.addr, self.export),
+            Some(p) => write!(f, "nbd{s}+unix:///{}?socket={p}", self.export),
+            None => write!(f, "nbd{s}://{}/{}", self.addr, self.export),
         }
     }
 }
+
+/// A byte stream a connection runs on (TCP, a Unix socket, TLS over either).
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
 /// A request waiting for its reply.
 struct Pending {
@@ -240,8 +335,18 @@ impl Drop for Conn {
 async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInfo)> {
     let name = u.to_string();
     let fut = async {
-        let (mut r, mut w) = u.connect().await?;
-        let info = negotiate(&name, &u.export, &mut r, &mut w).await?;
+        if let Some(dir) = &u.tls_certificates {
+            let (stream, info) = connect_tls(&name, u, dir).await?;
+            let (r, w) = tokio::io::split(stream);
+            let r: Box<dyn AsyncRead + Send + Unpin> = Box::new(r);
+            let w: WriteHalf = Box::new(w);
+            return Ok::<_, Error>((BufReader::with_capacity(256 << 10, r), w, info));
+        }
+        let (r, w) = u.connect().await?;
+        let mut io = tokio::io::join(r, w);
+        let no_zeroes = hello(&name, &mut io).await?;
+        let info = negotiate(&name, &u.export, &mut io, no_zeroes).await?;
+        let (r, w) = io.into_inner();
         Ok::<_, Error>((r, w, info))
     };
     let (r, w, ei) = tokio::time::timeout(config.connect_timeout, fut)
@@ -519,21 +624,76 @@ async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf) {
     }
 }
 
-/// Fixed-newstyle negotiation with `NBD_OPT_GO` (falling back to `NBD_OPT_EXPORT_NAME` for
-/// servers without it).
-async fn negotiate(
-    name: &str,
-    export: &str,
-    r: &mut ReadHalf,
-    w: &mut WriteHalf,
-) -> Result<ExportInfo> {
+/// Connects and upgrades to TLS at once (`NBD_OPT_STARTTLS` before any other option, so
+/// nothing is said in the clear), verifying the server against `dir`'s `ca-cert.pem`; then
+/// negotiates inside TLS.
+#[cfg(feature = "tls")]
+async fn connect_tls(name: &str, u: &NbdUrl, dir: &str) -> Result<(Box<dyn Stream>, ExportInfo)> {
+    let config = super::tls::client_config(std::path::Path::new(dir))?;
+    let mut raw = u.connect_stream().await?;
+    let no_zeroes = hello(name, &mut raw).await?;
     let perr = |what: String| Error::Protocol {
         peer: name.to_owned(),
         what,
     };
     let io = |e: std::io::Error| perr(format!("negotiation: {e}"));
+    let head = OptionHeader {
+        option: proto::OPT_STARTTLS,
+        length: 0,
+    };
+    raw.write_all(&head.encode()).await.map_err(io)?;
+    let mut h = [0u8; OptionReply::LEN];
+    raw.read_exact(&mut h).await.map_err(io)?;
+    let rep = OptionReply::parse(&h).map_err(|e| perr(e.to_string()))?;
+    if rep.length as usize > proto::MAX_STRING + 1024 {
+        return Err(perr(format!("option reply of {} bytes", rep.length)));
+    }
+    let mut d = vec![0u8; rep.length as usize];
+    raw.read_exact(&mut d).await.map_err(io)?;
+    if rep.reply != proto::REP_ACK {
+        return Err(Error::Tls {
+            path: name.to_owned(),
+            what: format!(
+                "the server will not start TLS ({:#x}): {}",
+                rep.reply,
+                String::from_utf8_lossy(&d)
+            ),
+        });
+    }
+    let server =
+        rustls_pki_types::ServerName::try_from(u.server_name()).map_err(|e| Error::Tls {
+            path: name.to_owned(),
+            what: format!("server name {:?}: {e}", u.server_name()),
+        })?;
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(server, raw)
+        .await
+        .map_err(|e| Error::Tls {
+            path: name.to_owned(),
+            what: format!("handshake failed: {e}"),
+        })?;
+    let info = negotiate(name, &u.export, &mut tls, no_zeroes).await?;
+    Ok((Box::new(tls), info))
+}
+
+#[cfg(not(feature = "tls"))]
+async fn connect_tls(name: &str, _u: &NbdUrl, _dir: &str) -> Result<(Box<dyn Stream>, ExportInfo)> {
+    Err(Error::Unsupported {
+        device: name.to_owned(),
+        op: "TLS (built without the tls feature)",
+    })
+}
+
+/// The fixed-newstyle greeting: the server's hello, our flags. Whether the server skips
+/// the zeroes after `NBD_OPT_EXPORT_NAME`.
+async fn hello<IO: AsyncRead + AsyncWrite + Unpin>(name: &str, io: &mut IO) -> Result<bool> {
+    let perr = |what: String| Error::Protocol {
+        peer: name.to_owned(),
+        what,
+    };
+    let ioe = |e: std::io::Error| perr(format!("negotiation: {e}"));
     let mut hello = [0u8; 18];
-    r.read_exact(&mut hello).await.map_err(io)?;
+    io.read_exact(&mut hello).await.map_err(ioe)?;
     let magic = u64::from_be_bytes(hello[0..8].try_into().unwrap_or_default());
     let opt = u64::from_be_bytes(hello[8..16].try_into().unwrap_or_default());
     if magic != proto::NBDMAGIC || opt != proto::IHAVEOPT {
@@ -548,7 +708,23 @@ async fn negotiate(
     if no_zeroes {
         cflags |= proto::FLAG_C_NO_ZEROES;
     }
-    w.write_all(&cflags.to_be_bytes()).await.map_err(io)?;
+    io.write_all(&cflags.to_be_bytes()).await.map_err(ioe)?;
+    Ok(no_zeroes)
+}
+
+/// Negotiation after the greeting: `NBD_OPT_GO` (falling back to `NBD_OPT_EXPORT_NAME` for
+/// servers without it).
+async fn negotiate<IO: AsyncRead + AsyncWrite + Unpin>(
+    name: &str,
+    export: &str,
+    w: &mut IO,
+    no_zeroes: bool,
+) -> Result<ExportInfo> {
+    let perr = |what: String| Error::Protocol {
+        peer: name.to_owned(),
+        what,
+    };
+    let io = |e: std::io::Error| perr(format!("negotiation: {e}"));
     let data = InfoRequest {
         name: export.to_owned(),
         requests: vec![proto::INFO_BLOCK_SIZE],
@@ -564,13 +740,13 @@ async fn negotiate(
     let mut got_export = false;
     loop {
         let mut h = [0u8; OptionReply::LEN];
-        r.read_exact(&mut h).await.map_err(io)?;
+        w.read_exact(&mut h).await.map_err(io)?;
         let rep = OptionReply::parse(&h).map_err(|e| perr(e.to_string()))?;
         if rep.length as usize > proto::MAX_STRING + 1024 {
             return Err(perr(format!("option reply of {} bytes", rep.length)));
         }
         let mut d = vec![0u8; rep.length as usize];
-        r.read_exact(&mut d).await.map_err(io)?;
+        w.read_exact(&mut d).await.map_err(io)?;
         match rep.reply {
             proto::REP_INFO => {
                 info.absorb(&d).map_err(|e| perr(e.to_string()))?;
@@ -596,10 +772,10 @@ async fn negotiate(
     w.write_all(&head.encode()).await.map_err(io)?;
     w.write_all(export.as_bytes()).await.map_err(io)?;
     let mut b = [0u8; 10];
-    r.read_exact(&mut b).await.map_err(io)?;
+    w.read_exact(&mut b).await.map_err(io)?;
     if !no_zeroes {
         let mut z = [0u8; 124];
-        r.read_exact(&mut z).await.map_err(io)?;
+        w.read_exact(&mut z).await.map_err(io)?;
     }
     info.size = u64::from_be_bytes(b[0..8].try_into().unwrap_or_default());
     info.flags = u16::from_be_bytes([b[8], b[9]]);

@@ -12,7 +12,10 @@ mod client;
 pub mod proto;
 mod server;
 pub mod session;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use allow::{AllowList, Network};
 pub use client::{ClientConfig, NbdDevice, NbdUrl};
 pub use server::{NbdServer, ServerConfig, ServerCounters};
+pub use session::TlsPolicy;

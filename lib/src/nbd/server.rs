@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use super::proto::errno;
 use super::session::{
     Catalog, ExportEntry, Failure, Op, OpKind, Outcome, ServerSession, SessionConfig, SessionStats,
+    TlsPolicy,
 };
 use crate::{BlockDevice, Error, IoOpts, Volume, Zeroes};
 
@@ -41,6 +42,12 @@ pub struct ServerConfig {
     /// TCP peers that may connect (default: everyone); others are closed before
     /// negotiation and counted in [`ServerCounters::refused`].
     pub allow: super::AllowList,
+    /// TLS off, offered, or required (default off). On or required needs `tls_config`.
+    pub tls: TlsPolicy,
+    /// The server's certificate, key and client verification (feature `tls`; see
+    /// [`super::tls::server_config`]).
+    #[cfg(feature = "tls")]
+    pub tls_config: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +60,9 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(30),
             max_connections: 1024,
             allow: super::AllowList::default(),
+            tls: TlsPolicy::Off,
+            #[cfg(feature = "tls")]
+            tls_config: None,
         }
     }
 }
@@ -332,36 +342,108 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         self.counters.connections.fetch_add(1, Relaxed);
+        // Without TLS credentials, TLS cannot be offered whatever the policy says.
+        #[cfg(feature = "tls")]
+        let tls = match &self.config.tls_config {
+            Some(_) => self.config.tls,
+            None => TlsPolicy::Off,
+        };
+        #[cfg(not(feature = "tls"))]
+        let tls = TlsPolicy::Off;
         let config = SessionConfig {
             max_request: self.config.max_request,
             max_in_flight: self.config.max_in_flight,
             max_buffered: self.config.max_buffered.into(),
             class,
+            tls,
         };
         let mut s = ServerSession::new(Arc::clone(&self.catalog), config);
+        let mut d = Drive {
+            deadline: tokio::time::Instant::now() + self.config.handshake_timeout,
+            seen: SessionStats::default(),
+            counted: false,
+            timed_out: false,
+        };
+        let upgraded = self.drive(&mut s, stream, &mut d).await;
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+        let mut tls_failure: Option<String> = None;
+        if let Some(raw) = upgraded {
+            #[cfg(feature = "tls")]
+            if let Some(cfg) = &self.config.tls_config {
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg));
+                let left = d
+                    .deadline
+                    .saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout(left, acceptor.accept(raw)).await {
+                    Ok(Ok(stream)) => {
+                        if s.tls_established().is_ok() {
+                            let _ = self.drive(&mut s, stream, &mut d).await;
+                        }
+                    }
+                    Ok(Err(e)) => tls_failure = Some(e.to_string()),
+                    Err(_) => d.timed_out = true,
+                }
+            }
+            #[cfg(not(feature = "tls"))]
+            drop(raw);
+        }
+        let st = s.stats();
+        self.counters
+            .requests
+            .fetch_add(st.requests - d.seen.requests, Relaxed);
+        self.counters
+            .replies
+            .fetch_add(st.replies - d.seen.replies, Relaxed);
+        self.counters
+            .error_replies
+            .fetch_add(st.error_replies - d.seen.error_replies, Relaxed);
+        if let Some(e) = tls_failure {
+            self.counters.protocol_errors.fetch_add(1, Relaxed);
+            tracing::warn!(target: "tagstripe::nbd", error = %e, "TLS handshake failed");
+            return Err(Error::Tls {
+                path: "client".to_owned(),
+                what: format!("handshake failed: {e}"),
+            });
+        }
+        if d.timed_out {
+            self.counters.protocol_errors.fetch_add(1, Relaxed);
+            return Err(protocol("handshake timed out"));
+        }
+        if let Some(e) = s.error() {
+            self.counters.protocol_errors.fetch_add(1, Relaxed);
+            return Err(protocol(e.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Runs session `s` over `stream` until the connection is over (`None`), or until the
+    /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
+    /// TLS handshake.
+    async fn drive<S>(&self, s: &mut ServerSession, stream: S, d: &mut Drive) -> Option<S>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
         let (mut r, w) = tokio::io::split(stream);
         let mut w = BufWriter::with_capacity(256 << 10, w);
         let mut stop = self.stop.subscribe();
-        let deadline = tokio::time::sleep(self.config.handshake_timeout);
+        let deadline = tokio::time::sleep_until(d.deadline);
         tokio::pin!(deadline);
         let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = Done> + Send + '_>>> =
             FuturesUnordered::new();
-        let (mut eof, mut broken, mut counted, mut timed_out) = (false, false, false, false);
-        let mut stopped = false;
-        let mut seen = SessionStats::default();
+        let (mut eof, mut broken, mut stopped) = (false, false, false);
         loop {
             // The counters follow the session as it goes.
             let st = s.stats();
             self.counters
                 .requests
-                .fetch_add(st.requests - seen.requests, Relaxed);
+                .fetch_add(st.requests - d.seen.requests, Relaxed);
             self.counters
                 .replies
-                .fetch_add(st.replies - seen.replies, Relaxed);
+                .fetch_add(st.replies - d.seen.replies, Relaxed);
             self.counters
                 .error_replies
-                .fetch_add(st.error_replies - seen.error_replies, Relaxed);
-            seen = st;
+                .fetch_add(st.error_replies - d.seen.error_replies, Relaxed);
+            d.seen = st;
             // Send what is ready (the budget of what was sent is freed as it is taken).
             let mut wrote = false;
             while let Some(b) = s.take_output() {
@@ -378,13 +460,17 @@ impl NbdServer {
                 eof = true;
                 s.end_of_input();
             }
+            if s.take_starttls() && !broken {
+                // Negotiation has nothing in flight: the stream goes to the handshake.
+                return Some(r.unsplit(w.into_inner()));
+            }
             while let Some(op) = s.poll_op() {
                 if let Some(e) = s.export() {
                     running.push(Box::pin(self.run(Arc::clone(e), op)));
                 }
             }
-            if !counted && s.transmitting() {
-                counted = true;
+            if !d.counted && s.transmitting() {
+                d.counted = true;
                 self.counters.transmissions.fetch_add(1, Relaxed);
             }
             if s.is_finished() && running.is_empty() {
@@ -418,32 +504,14 @@ impl NbdServer {
                 // Seen at the top of the loop.
                 Event::Stop => {}
                 Event::Timeout => {
-                    timed_out = true;
+                    d.timed_out = true;
                     s.stop();
                 }
             }
         }
         let _ = w.flush().await;
         let _ = w.shutdown().await;
-        let st = s.stats();
-        self.counters
-            .requests
-            .fetch_add(st.requests - seen.requests, Relaxed);
-        self.counters
-            .replies
-            .fetch_add(st.replies - seen.replies, Relaxed);
-        self.counters
-            .error_replies
-            .fetch_add(st.error_replies - seen.error_replies, Relaxed);
-        if timed_out {
-            self.counters.protocol_errors.fetch_add(1, Relaxed);
-            return Err(protocol("handshake timed out"));
-        }
-        if let Some(e) = s.error() {
-            self.counters.protocol_errors.fetch_add(1, Relaxed);
-            return Err(protocol(e.to_string()));
-        }
-        Ok(())
+        None
     }
 
     /// Runs one op on export `e`.
@@ -462,6 +530,17 @@ impl NbdServer {
         }
         (id, res)
     }
+}
+
+/// What one connection's drive keeps across a TLS upgrade.
+struct Drive {
+    /// The end of the time allowed for negotiation (TLS handshake included).
+    deadline: tokio::time::Instant,
+    /// The session's counts already added to the server's counters.
+    seen: SessionStats,
+    /// The connection was counted as having reached transmission.
+    counted: bool,
+    timed_out: bool,
 }
 
 /// An op's id and outcome.

@@ -130,6 +130,20 @@ impl Catalog {
     }
 }
 
+/// Whether a connection may, or must, upgrade to TLS with `NBD_OPT_STARTTLS` (the
+/// protocol's NOTLS, SELECTIVETLS with every export offered both ways, and FORCEDTLS modes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// No TLS: `STARTTLS` gets `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// TLS if the client asks; plain connections are served too.
+    On,
+    /// Every option before TLS other than `STARTTLS` and `ABORT` gets
+    /// `NBD_REP_ERR_TLS_REQD`; no export's name, size or data is given in the clear.
+    Require,
+}
+
 /// Limits of one connection.
 #[derive(Clone, Copy, Debug)]
 pub struct SessionConfig {
@@ -143,6 +157,9 @@ pub struct SessionConfig {
     pub max_buffered: u64,
     /// The class of requests on exports that name none.
     pub class: IoClass,
+    /// TLS: off, offered, or required (the caller does the handshake when
+    /// [`ServerSession::take_starttls`] says so).
+    pub tls: TlsPolicy,
 }
 
 impl Default for SessionConfig {
@@ -152,6 +169,7 @@ impl Default for SessionConfig {
             max_in_flight: 128,
             max_buffered: 128 << 20,
             class: IoClass::BestEffort,
+            tls: TlsPolicy::Off,
         }
     }
 }
@@ -246,6 +264,9 @@ enum Phase {
     /// Waiting for the client's 32-bit flags.
     Hello,
     Options,
+    /// `STARTTLS` was acknowledged: nothing is read until the caller has done the TLS
+    /// handshake ([`ServerSession::tls_established`]).
+    StartTls,
     Transmission,
     /// Nothing more is read; closes once nothing is in flight.
     Draining,
@@ -345,6 +366,10 @@ pub struct ServerSession {
     stopping: bool,
     stats: SessionStats,
     error: Option<SessionError>,
+    /// The connection runs inside TLS.
+    tls_active: bool,
+    /// The caller is to start the TLS handshake now.
+    starttls: bool,
 }
 
 /// Option data larger than this is thrown away and refused (`NBD_REP_ERR_TOO_BIG`).
@@ -388,6 +413,8 @@ impl ServerSession {
             stopping: false,
             stats: SessionStats::default(),
             error: None,
+            tls_active: false,
+            starttls: false,
         };
         let mut hello = Vec::with_capacity(18);
         hello.extend_from_slice(&proto::NBDMAGIC.to_be_bytes());
@@ -444,11 +471,44 @@ impl ServerSession {
     /// Stop reading requests (a shutdown); those already read are answered.
     pub fn stop(&mut self) {
         self.stopping = true;
-        if matches!(self.phase, Phase::Hello | Phase::Options) {
+        if matches!(self.phase, Phase::Hello | Phase::Options | Phase::StartTls) {
             self.phase = Phase::Closed;
         } else if self.phase == Phase::Transmission && self.payload.is_none() {
             self.phase = Phase::Draining;
         }
+    }
+
+    /// True once, when the client's `STARTTLS` was acknowledged: send what
+    /// [`take_output`](Self::take_output) gives (the acknowledgement), then run the TLS
+    /// handshake on the connection and call [`tls_established`](Self::tls_established);
+    /// if the handshake fails, close.
+    pub fn take_starttls(&mut self) -> bool {
+        std::mem::take(&mut self.starttls)
+    }
+
+    /// The TLS handshake succeeded: negotiation starts again inside TLS.
+    ///
+    /// # Errors
+    /// [`SessionError::Protocol`] if the client sent bytes in the clear after `STARTTLS`
+    /// (they would have been the handshake's).
+    pub fn tls_established(&mut self) -> Result<(), SessionError> {
+        if !self.input.is_empty() {
+            let e = SessionError::Protocol("data in the clear after STARTTLS".to_owned());
+            self.error = Some(e.clone());
+            self.phase = Phase::Closed;
+            return Err(e);
+        }
+        self.tls_active = true;
+        if self.phase == Phase::StartTls {
+            self.phase = Phase::Options;
+        }
+        Ok(())
+    }
+
+    /// Whether the connection runs inside TLS.
+    #[must_use]
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
     }
 
     /// Whether the caller should read more client bytes now.
@@ -462,14 +522,14 @@ impl ServerSession {
                         && self.buffered < self.config.max_buffered
                         && self.streaming.is_empty())
             }
-            Phase::Draining | Phase::Closed => false,
+            Phase::StartTls | Phase::Draining | Phase::Closed => false,
         }
     }
 
     /// Still negotiating (the caller bounds this with a timeout).
     #[must_use]
     pub fn negotiating(&self) -> bool {
-        matches!(self.phase, Phase::Hello | Phase::Options)
+        matches!(self.phase, Phase::Hello | Phase::Options | Phase::StartTls)
     }
 
     /// In the transmission phase (or past it).
@@ -856,7 +916,7 @@ impl ServerSession {
                 Phase::Hello => self.hello()?,
                 Phase::Options => self.option()?,
                 Phase::Transmission => self.transmission()?,
-                Phase::Draining | Phase::Closed => false,
+                Phase::StartTls | Phase::Draining | Phase::Closed => false,
             };
             if !progressed {
                 return Ok(());
@@ -922,7 +982,46 @@ impl ServerSession {
     }
 
     fn handle_option(&mut self, option: u32, data: &[u8]) -> Result<(), SessionError> {
+        if self.config.tls == TlsPolicy::Require
+            && !self.tls_active
+            && !matches!(option, proto::OPT_STARTTLS | proto::OPT_ABORT)
+        {
+            if option == proto::OPT_EXPORT_NAME {
+                // No error reply is possible for this option: close.
+                return Err(SessionError::Protocol(
+                    "NBD_OPT_EXPORT_NAME before TLS on a server that requires it".to_owned(),
+                ));
+            }
+            self.reply(
+                option,
+                proto::REP_ERR_TLS_REQD,
+                b"TLS is required: send NBD_OPT_STARTTLS",
+            );
+            return Ok(());
+        }
         match option {
+            proto::OPT_STARTTLS => {
+                if self.config.tls == TlsPolicy::Off {
+                    self.reply(
+                        option,
+                        proto::REP_ERR_UNSUP,
+                        b"this server has no TLS configured",
+                    );
+                } else if self.tls_active {
+                    self.reply(option, proto::REP_ERR_INVALID, b"TLS is already running");
+                } else if !data.is_empty() {
+                    self.reply(option, proto::REP_ERR_INVALID, b"STARTTLS takes no data");
+                } else {
+                    self.reply(option, proto::REP_ACK, &[]);
+                    // Everything negotiated in the clear is forgotten: it starts again inside.
+                    self.structured = false;
+                    self.extended = false;
+                    self.contexts.clear();
+                    self.contexts_for = None;
+                    self.phase = Phase::StartTls;
+                    self.starttls = true;
+                }
+            }
             proto::OPT_EXPORT_NAME => {
                 if self.extended {
                     return Err(SessionError::Protocol(

@@ -82,6 +82,11 @@ pub fn qemu_nbd(file: &Path, name: &str) -> Peer {
 
 /// qemu-nbd on a given port (to come back where a client had it).
 pub fn qemu_nbd_on(file: &Path, name: &str, port: u16) -> Peer {
+    qemu_nbd_with(file, name, port, &[])
+}
+
+/// qemu-nbd on a given port with more arguments (`--object ... --tls-creds ...`).
+pub fn qemu_nbd_with(file: &Path, name: &str, port: u16, extra: &[&str]) -> Peer {
     let pid_file = pid_path("qemu-nbd", port);
     let st = Command::new("qemu-nbd")
         .args([
@@ -100,6 +105,7 @@ pub fn qemu_nbd_on(file: &Path, name: &str, port: u16) -> Peer {
         .arg(port.to_string())
         .arg("--pid-file")
         .arg(&pid_file)
+        .args(extra)
         .arg(file)
         .status()
         .unwrap();
