@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::session::{
-    Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig,
-};
-use tagstripe::{BlockDevice, Extent, MemDevice, Volume};
+use tagstripe::nbd::session::{Catalog, ExportEntry, ServerSession, SessionConfig};
+use tagstripe::{BlockDevice, MemDevice, Volume};
+
+#[path = "common/ops.rs"]
+mod ops;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cut, data)) = data.split_first() else {
@@ -40,27 +40,7 @@ fuzz_target!(|data: &[u8]| {
     let mut feed = data.chunks(piece);
     loop {
         while s.take_output().is_some() {}
-        let mut ran = false;
-        while let Some(op) = s.poll_op() {
-            ran = true;
-            n += 1;
-            assert!(op.offset + op.length <= size, "op outside the export: {op:?}");
-            let fail = n % 7 == 0;
-            let r = if fail {
-                Err((5, "injected".to_owned()))
-            } else {
-                Ok(match op.kind {
-                    OpKind::Read => Outcome::Data(Bytes::from(vec![(n % 3) as u8; op.length as usize])),
-                    OpKind::Allocation => Outcome::Extents(vec![Extent::data(op.length.div_ceil(512))]),
-                    OpKind::Write(ref d) => {
-                        assert_eq!(d.len() as u64, op.length);
-                        Outcome::Done
-                    }
-                    _ => Outcome::Done,
-                })
-            };
-            s.complete(op.id, r);
-        }
+        let ran = ops::run_ops(&mut s, &mut n, 7, size);
         if s.is_finished() {
             break;
         }

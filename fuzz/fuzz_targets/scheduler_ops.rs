@@ -51,7 +51,7 @@ fuzz_target!(|input: Input| {
     let mut out: Vec<(Tag, u64)> = Vec::new();
     let mut submitted = 0u64;
     let mut finished: HashMap<u64, u32> = HashMap::new();
-    let mut step = |q: &mut TagQueue<u64, Box<dyn Policy>>, out: &mut Vec<(Tag, u64)>, now: u64| {
+    let step = |q: &mut TagQueue<u64, Box<dyn Policy>>, out: &mut Vec<(Tag, u64)>, now: u64| {
         while let Some(d) = q.poll_dispatch(now) {
             assert!(!out.iter().any(|(t, _)| *t == d.tag), "tag out twice");
             assert!(q.active_total() <= q.openings().max(out.len() as u32 + 1));

@@ -311,7 +311,8 @@ pub struct UringDevice {
 enum Inline {
     /// Never (O_DIRECT, block devices: every read goes to the device).
     Never,
-    /// The file lives in memory (tmpfs): a read is a copy, done at once.
+    /// The file lives in memory (tmpfs): a read or a write is a copy, done at once (a tmpfs
+    /// page swapped out would make it wait for swap, which this accepts).
     Always,
     /// Try `preadv2(RWF_NOWAIT)`: served at once from the page cache, or refused at once
     /// (`EAGAIN`) and sent to the ring. Turned off for good if the filesystem refuses the
@@ -500,6 +501,30 @@ impl UringDevice {
         n as usize == buf.len()
     }
 
+    /// Writes `data` at `offset` on this thread if the file lives in memory (tmpfs: a copy
+    /// that waits for no device); false if not done, or not wholly (the ring then writes it
+    /// all again: a write is idempotent).
+    fn write_inline(&self, data: &[u8], offset: u64) -> bool {
+        if !matches!(self.inline, Inline::Always) {
+            return false;
+        }
+        let Ok(off) = libc::off_t::try_from(offset) else {
+            return false;
+        };
+        // SAFETY: pwrite reads at most `data.len()` bytes from `data`, which is live and
+        // borrowed for the call, and keeps no pointer after it returns (synchronous). The fd
+        // is owned by the live `File` in `shared`. Exercised by the io_uring test on tmpfs.
+        let n = unsafe {
+            libc::pwrite(
+                self.shared.file.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                off,
+            )
+        };
+        n >= 0 && n as usize == data.len()
+    }
+
     /// A buffer of at least `len` bytes (plus alignment room for O_DIRECT) and the offset
     /// where the data goes.
     fn pooled(&self, len: usize) -> (Vec<u8>, usize) {
@@ -607,23 +632,25 @@ impl BlockDevice for UringDevice {
         } else {
             data
         };
-        let fd = types::Fd(self.shared.file.as_raw_fd());
-        let e = opcode::Write::new(fd, data.as_ptr(), n)
-            .offset(start * 512)
-            .build();
-        let (reply, rx) = oneshot::channel();
-        self.submit(
-            e,
-            InFlight::Write {
-                _data: data,
-                len,
-                reply,
-            },
-        )
-        .map_err(self.io("write", start, sectors))?;
-        rx.await
-            .map_err(|_| self.closed())?
+        if !self.write_inline(&data, start * 512) {
+            let fd = types::Fd(self.shared.file.as_raw_fd());
+            let e = opcode::Write::new(fd, data.as_ptr(), n)
+                .offset(start * 512)
+                .build();
+            let (reply, rx) = oneshot::channel();
+            self.submit(
+                e,
+                InFlight::Write {
+                    _data: data,
+                    len,
+                    reply,
+                },
+            )
             .map_err(self.io("write", start, sectors))?;
+            rx.await
+                .map_err(|_| self.closed())?
+                .map_err(self.io("write", start, sectors))?;
+        }
         if opts.fua {
             self.fsync("write", start, sectors).await?;
         }

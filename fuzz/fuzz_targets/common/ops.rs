@@ -1,0 +1,31 @@
+//! Running a session's ops at once, for the session fuzz targets: reads give `fill` bytes,
+//! allocation queries one data extent, writes are checked for their length, and every
+//! `fail_every`-th op fails with EIO. Whether any op ran.
+
+use bytes::Bytes;
+use tagstripe::nbd::session::{OpKind, Outcome, ServerSession};
+use tagstripe::Extent;
+
+pub fn run_ops(s: &mut ServerSession, n: &mut u64, fail_every: u64, size: u64) -> bool {
+    let mut ran = false;
+    while let Some(op) = s.poll_op() {
+        ran = true;
+        *n += 1;
+        assert!(op.offset + op.length <= size, "op outside the export: {op:?}");
+        let r = if *n % fail_every == 0 {
+            Err((5, "injected".to_owned()))
+        } else {
+            Ok(match op.kind {
+                OpKind::Read => Outcome::Data(Bytes::from(vec![(*n % 3) as u8; op.length as usize])),
+                OpKind::Allocation => Outcome::Extents(vec![Extent::data(op.length.div_ceil(512))]),
+                OpKind::Write(ref d) => {
+                    assert_eq!(d.len() as u64, op.length);
+                    Outcome::Done
+                }
+                _ => Outcome::Done,
+            })
+        };
+        s.complete(op.id, r);
+    }
+    ran
+}
