@@ -4,8 +4,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use tagstripe::nbd::proto::{
-    Chunk, ChunkHeader, ExportInfo, ExtendedRequest, InfoRequest, MetaContextRequest,
-    OptionHeader, OptionReply, Request, SimpleReply, parse_meta_context, meta_context,
+    Chunk, ChunkHeader, ExportInfo, ExportNameReply, ExtendedRequest, Hello, InfoRequest,
+    MetaContextRequest, OptionHeader, OptionReply, Request, SimpleReply, meta_context,
+    parse_meta_context, parse_server_entry, server_entry,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -26,6 +27,17 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(q) = InfoRequest::parse(data) {
         assert_eq!(q.encode(), data);
+    }
+    if let Ok(h) = Hello::parse(data) {
+        assert_eq!(&h.encode()[..], &data[..Hello::LEN]);
+    }
+    if let Ok(r) = ExportNameReply::parse(data) {
+        assert_eq!(&r.encode(true)[..], &data[..ExportNameReply::LEN]);
+    }
+    if let Ok((name, details)) = parse_server_entry(data) {
+        if details.is_empty() {
+            assert_eq!(server_entry(&name), data);
+        }
     }
     if let Ok(r) = ExtendedRequest::parse(data) {
         assert_eq!(&r.encode()[..], &data[..ExtendedRequest::LEN]);

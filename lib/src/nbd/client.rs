@@ -13,7 +13,8 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::proto::{self, Command, ExportInfo, InfoRequest, OptionHeader, OptionReply, Request};
+use super::client_session::{ClientHandshake, ReplyDecoder, Status};
+use super::proto::{self, Command, ExportInfo, Request};
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 
 /// How the client connects and waits.
@@ -336,20 +337,25 @@ async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInf
     let name = u.to_string();
     let fut = async {
         if let Some(dir) = &u.tls_certificates {
-            let (stream, info) = connect_tls(&name, u, dir).await?;
+            let (stream, info, left) = connect_tls(&name, u, dir).await?;
             let (r, w) = tokio::io::split(stream);
             let r: Box<dyn AsyncRead + Send + Unpin> = Box::new(r);
             let w: WriteHalf = Box::new(w);
-            return Ok::<_, Error>((BufReader::with_capacity(256 << 10, r), w, info));
+            return Ok::<_, Error>((BufReader::with_capacity(256 << 10, r), w, info, left));
         }
         let (r, w) = u.connect().await?;
         let mut io = tokio::io::join(r, w);
-        let no_zeroes = hello(&name, &mut io).await?;
-        let info = negotiate(&name, &u.export, &mut io, no_zeroes).await?;
+        let mut h = ClientHandshake::new(&u.export, false);
+        let Status::Ready(info) = handshake(&name, &mut h, &mut io).await? else {
+            return Err(Error::Protocol {
+                peer: name.clone(),
+                what: "TLS started without being asked for".to_owned(),
+            });
+        };
         let (r, w) = io.into_inner();
-        Ok::<_, Error>((r, w, info))
+        Ok::<_, Error>((r, w, info, h.take_leftover()))
     };
-    let (r, w, ei) = tokio::time::timeout(config.connect_timeout, fut)
+    let (r, w, ei, left) = tokio::time::timeout(config.connect_timeout, fut)
         .await
         .map_err(|_| Error::Timeout {
             device: name.clone(),
@@ -361,7 +367,11 @@ async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInf
         state: Mutex::new(State::default()),
         next: AtomicU64::new(1),
     });
-    let reader = tokio::spawn(read_replies(Arc::clone(&shared), r));
+    let reader = tokio::spawn(read_replies(
+        Arc::clone(&shared),
+        r,
+        ReplyDecoder::new(left),
+    ));
     Ok((Conn { shared, reader }, ei))
 }
 
@@ -575,47 +585,32 @@ impl NbdDevice {
     }
 }
 
-async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf) {
-    let why = loop {
-        let mut head = [0u8; proto::SimpleReply::LEN];
-        if let Err(e) = r.read_exact(&mut head).await {
-            break format!("connection lost: {e}");
-        }
-        let reply = match proto::SimpleReply::parse(&head) {
-            Ok(x) => x,
-            Err(e) => break format!("protocol error: {e}"),
-        };
-        let Some(p) = shared.state.lock().pending.remove(&reply.handle) else {
-            break format!("reply for unknown handle {:#x}", reply.handle);
-        };
-        let result = if reply.error != 0 {
-            Err(Failure::Errno(reply.error))
-        } else if p.read_len > 0 {
-            let mut b = BytesMut::with_capacity(p.read_len);
-            let mut failed = None;
-            while b.len() < p.read_len {
-                let want = (p.read_len - b.len()) as u64;
-                match (&mut r).take(want).read_buf(&mut b).await {
-                    Ok(0) => {
-                        failed = Some("connection lost in a read reply".to_owned());
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = Some(format!("connection lost: {e}"));
-                        break;
-                    }
+async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf, mut dec: ReplyDecoder) {
+    let why = 'conn: loop {
+        // Every whole reply received so far, then read more.
+        loop {
+            let next = dec.next(|h| shared.state.lock().pending.get(&h).map(|p| p.read_len));
+            match next {
+                Ok(Some(reply)) => {
+                    let Some(p) = shared.state.lock().pending.remove(&reply.handle) else {
+                        break 'conn format!("reply for unknown handle {:#x}", reply.handle);
+                    };
+                    let result = if reply.error != 0 {
+                        Err(Failure::Errno(reply.error))
+                    } else {
+                        Ok(reply.data)
+                    };
+                    let _ = p.tx.send(result);
                 }
+                Ok(None) => break,
+                Err(e) => break 'conn format!("protocol error: {e}"),
             }
-            if let Some(why) = failed {
-                let _ = p.tx.send(Err(Failure::Closed(why.clone())));
-                break why;
-            }
-            Ok(b.freeze())
-        } else {
-            Ok(Bytes::new())
-        };
-        let _ = p.tx.send(result);
+        }
+        match r.read_buf(dec.input_buffer()).await {
+            Ok(0) => break "connection lost".to_owned(),
+            Ok(_) => {}
+            Err(e) => break format!("connection lost: {e}"),
+        }
     };
     let mut st = shared.state.lock();
     st.dead = Some(why.clone());
@@ -628,36 +623,18 @@ async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf) {
 /// nothing is said in the clear), verifying the server against `dir`'s `ca-cert.pem`; then
 /// negotiates inside TLS.
 #[cfg(feature = "tls")]
-async fn connect_tls(name: &str, u: &NbdUrl, dir: &str) -> Result<(Box<dyn Stream>, ExportInfo)> {
+async fn connect_tls(
+    name: &str,
+    u: &NbdUrl,
+    dir: &str,
+) -> Result<(Box<dyn Stream>, ExportInfo, BytesMut)> {
     let config = super::tls::client_config(std::path::Path::new(dir))?;
     let mut raw = u.connect_stream().await?;
-    let no_zeroes = hello(name, &mut raw).await?;
-    let perr = |what: String| Error::Protocol {
-        peer: name.to_owned(),
-        what,
-    };
-    let io = |e: std::io::Error| perr(format!("negotiation: {e}"));
-    let head = OptionHeader {
-        option: proto::OPT_STARTTLS,
-        length: 0,
-    };
-    raw.write_all(&head.encode()).await.map_err(io)?;
-    let mut h = [0u8; OptionReply::LEN];
-    raw.read_exact(&mut h).await.map_err(io)?;
-    let rep = OptionReply::parse(&h).map_err(|e| perr(e.to_string()))?;
-    if rep.length as usize > proto::MAX_STRING + 1024 {
-        return Err(perr(format!("option reply of {} bytes", rep.length)));
-    }
-    let mut d = vec![0u8; rep.length as usize];
-    raw.read_exact(&mut d).await.map_err(io)?;
-    if rep.reply != proto::REP_ACK {
+    let mut h = ClientHandshake::new(&u.export, true);
+    if handshake(name, &mut h, &mut raw).await? != Status::StartTls {
         return Err(Error::Tls {
             path: name.to_owned(),
-            what: format!(
-                "the server will not start TLS ({:#x}): {}",
-                rep.reply,
-                String::from_utf8_lossy(&d)
-            ),
+            what: "negotiation ended before TLS".to_owned(),
         });
     }
     let server =
@@ -672,114 +649,64 @@ async fn connect_tls(name: &str, u: &NbdUrl, dir: &str) -> Result<(Box<dyn Strea
             path: name.to_owned(),
             what: format!("handshake failed: {e}"),
         })?;
-    let info = negotiate(name, &u.export, &mut tls, no_zeroes).await?;
-    Ok((Box::new(tls), info))
+    h.tls_established();
+    let Status::Ready(info) = handshake(name, &mut h, &mut tls).await? else {
+        return Err(Error::Tls {
+            path: name.to_owned(),
+            what: "a second STARTTLS inside TLS".to_owned(),
+        });
+    };
+    Ok((Box::new(tls), info, h.take_leftover()))
 }
 
 #[cfg(not(feature = "tls"))]
-async fn connect_tls(name: &str, _u: &NbdUrl, _dir: &str) -> Result<(Box<dyn Stream>, ExportInfo)> {
+async fn connect_tls(
+    name: &str,
+    _u: &NbdUrl,
+    _dir: &str,
+) -> Result<(Box<dyn Stream>, ExportInfo, BytesMut)> {
     Err(Error::Unsupported {
         device: name.to_owned(),
         op: "TLS (built without the tls feature)",
     })
 }
 
-/// The fixed-newstyle greeting: the server's hello, our flags. Whether the server skips
-/// the zeroes after `NBD_OPT_EXPORT_NAME`.
-async fn hello<IO: AsyncRead + AsyncWrite + Unpin>(name: &str, io: &mut IO) -> Result<bool> {
+/// Runs the negotiation state machine over `io` until it is ready or asks for TLS.
+async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+    name: &str,
+    h: &mut ClientHandshake,
+    io: &mut IO,
+) -> Result<Status> {
     let perr = |what: String| Error::Protocol {
         peer: name.to_owned(),
         what,
     };
     let ioe = |e: std::io::Error| perr(format!("negotiation: {e}"));
-    let mut hello = [0u8; 18];
-    io.read_exact(&mut hello).await.map_err(ioe)?;
-    let magic = u64::from_be_bytes(hello[0..8].try_into().unwrap_or_default());
-    let opt = u64::from_be_bytes(hello[8..16].try_into().unwrap_or_default());
-    if magic != proto::NBDMAGIC || opt != proto::IHAVEOPT {
-        return Err(perr("not a newstyle NBD server".to_owned()));
-    }
-    let flags = u16::from_be_bytes([hello[16], hello[17]]);
-    if flags & proto::FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(perr("the server does not speak fixed newstyle".to_owned()));
-    }
-    let no_zeroes = flags & proto::FLAG_NO_ZEROES != 0;
-    let mut cflags = proto::FLAG_C_FIXED_NEWSTYLE;
-    if no_zeroes {
-        cflags |= proto::FLAG_C_NO_ZEROES;
-    }
-    io.write_all(&cflags.to_be_bytes()).await.map_err(ioe)?;
-    Ok(no_zeroes)
-}
-
-/// Negotiation after the greeting: `NBD_OPT_GO` (falling back to `NBD_OPT_EXPORT_NAME` for
-/// servers without it).
-async fn negotiate<IO: AsyncRead + AsyncWrite + Unpin>(
-    name: &str,
-    export: &str,
-    w: &mut IO,
-    no_zeroes: bool,
-) -> Result<ExportInfo> {
-    let perr = |what: String| Error::Protocol {
-        peer: name.to_owned(),
-        what,
-    };
-    let io = |e: std::io::Error| perr(format!("negotiation: {e}"));
-    let data = InfoRequest {
-        name: export.to_owned(),
-        requests: vec![proto::INFO_BLOCK_SIZE],
-    }
-    .encode();
-    let head = OptionHeader {
-        option: proto::OPT_GO,
-        length: u32::try_from(data.len()).unwrap_or(u32::MAX),
-    };
-    w.write_all(&head.encode()).await.map_err(io)?;
-    w.write_all(&data).await.map_err(io)?;
-    let mut info = ExportInfo::default();
-    let mut got_export = false;
+    let mut buf = vec![0u8; 16 << 10];
     loop {
-        let mut h = [0u8; OptionReply::LEN];
-        w.read_exact(&mut h).await.map_err(io)?;
-        let rep = OptionReply::parse(&h).map_err(|e| perr(e.to_string()))?;
-        if rep.length as usize > proto::MAX_STRING + 1024 {
-            return Err(perr(format!("option reply of {} bytes", rep.length)));
+        let out = h.take_output();
+        if !out.is_empty() {
+            io.write_all(&out).await.map_err(ioe)?;
+            io.flush().await.map_err(ioe)?;
         }
-        let mut d = vec![0u8; rep.length as usize];
-        w.read_exact(&mut d).await.map_err(io)?;
-        match rep.reply {
-            proto::REP_INFO => {
-                info.absorb(&d).map_err(|e| perr(e.to_string()))?;
-                got_export |= d.len() >= 2 && d[..2] == proto::INFO_EXPORT.to_be_bytes();
+        let n = io.read(&mut buf).await.map_err(ioe)?;
+        if n == 0 {
+            return Err(perr(
+                "the server closed the connection during negotiation".to_owned(),
+            ));
+        }
+        match h.receive(&buf[..n]).map_err(|e| perr(e.to_string()))? {
+            Status::NeedInput => {}
+            st => {
+                let out = h.take_output();
+                if !out.is_empty() {
+                    io.write_all(&out).await.map_err(ioe)?;
+                    io.flush().await.map_err(ioe)?;
+                }
+                return Ok(st);
             }
-            proto::REP_ACK if got_export => return Ok(info),
-            proto::REP_ACK => return Err(perr("GO acknowledged without export info".to_owned())),
-            proto::REP_ERR_UNSUP => break,
-            e if e & (1 << 31) != 0 => {
-                return Err(perr(format!(
-                    "export {export:?} refused ({e:#x}): {}",
-                    String::from_utf8_lossy(&d)
-                )));
-            }
-            _ => {}
         }
     }
-    // An old server: NBD_OPT_EXPORT_NAME, which ends negotiation at once.
-    let head = OptionHeader {
-        option: proto::OPT_EXPORT_NAME,
-        length: u32::try_from(export.len()).unwrap_or(u32::MAX),
-    };
-    w.write_all(&head.encode()).await.map_err(io)?;
-    w.write_all(export.as_bytes()).await.map_err(io)?;
-    let mut b = [0u8; 10];
-    w.read_exact(&mut b).await.map_err(io)?;
-    if !no_zeroes {
-        let mut z = [0u8; 124];
-        w.read_exact(&mut z).await.map_err(io)?;
-    }
-    info.size = u64::from_be_bytes(b[0..8].try_into().unwrap_or_default());
-    info.flags = u16::from_be_bytes([b[8], b[9]]);
-    Ok(info)
 }
 
 #[async_trait]

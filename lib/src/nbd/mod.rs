@@ -9,6 +9,7 @@
 
 mod allow;
 mod client;
+pub mod client_session;
 pub mod proto;
 mod server;
 pub mod session;

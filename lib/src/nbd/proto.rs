@@ -1072,6 +1072,131 @@ pub fn parse_meta_context(b: &[u8]) -> Result<(u32, String), WireError> {
     Ok((be32(b, 0), name.to_owned()))
 }
 
+/// The server's greeting in fixed newstyle (18 bytes): `NBDMAGIC`, `IHAVEOPT`, handshake
+/// flags (`FLAG_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Handshake flags.
+    pub flags: u16,
+}
+
+impl Hello {
+    /// Bytes on the wire.
+    pub const LEN: usize = 18;
+
+    /// Parses the greeting.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`] or [`WireError::BadMagic`] (not a newstyle server).
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        need(b, Self::LEN, "greeting")?;
+        for (at, expected) in [(0, NBDMAGIC), (8, IHAVEOPT)] {
+            let got = be64(b, at);
+            if got != expected {
+                return Err(WireError::BadMagic {
+                    what: "greeting",
+                    got,
+                    expected,
+                });
+            }
+        }
+        Ok(Self { flags: be16(b, 16) })
+    }
+
+    /// Encodes the greeting.
+    #[must_use]
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+        b[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        b[16..18].copy_from_slice(&self.flags.to_be_bytes());
+        b
+    }
+}
+
+/// The server's answer to `NBD_OPT_EXPORT_NAME`: the size and transmission flags, then 124
+/// zero bytes unless both sides agreed on `NO_ZEROES`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportNameReply {
+    /// Size in bytes.
+    pub size: u64,
+    /// Transmission flags (`TF_*`).
+    pub flags: u16,
+}
+
+impl ExportNameReply {
+    /// Bytes before the optional zeroes.
+    pub const LEN: usize = 10;
+    /// The zeroes that follow without `NO_ZEROES`.
+    pub const ZEROES: usize = 124;
+
+    /// Parses the first [`Self::LEN`] bytes (the zeroes, if any, are the caller's to skip).
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`].
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        need(b, Self::LEN, "export-name reply")?;
+        Ok(Self {
+            size: be64(b, 0),
+            flags: be16(b, 8),
+        })
+    }
+
+    /// Encodes the reply, with the zeroes unless `no_zeroes`.
+    #[must_use]
+    pub fn encode(&self, no_zeroes: bool) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::LEN + Self::ZEROES);
+        b.extend_from_slice(&self.size.to_be_bytes());
+        b.extend_from_slice(&self.flags.to_be_bytes());
+        if !no_zeroes {
+            b.extend_from_slice(&[0u8; Self::ZEROES]);
+        }
+        b
+    }
+}
+
+/// Encodes the data of an `NBD_REP_SERVER` reply (one export of a list): the name's length,
+/// then the name.
+#[must_use]
+pub fn server_entry(name: &str) -> Vec<u8> {
+    let mut d = Vec::with_capacity(4 + name.len());
+    d.extend_from_slice(&u32::try_from(name.len()).unwrap_or(u32::MAX).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d
+}
+
+/// Decodes the data of an `NBD_REP_SERVER` reply: the name, and any details after it.
+///
+/// # Errors
+/// [`WireError::Truncated`] if the name runs past the data, [`WireError::Invalid`] if it is
+/// not UTF-8.
+pub fn parse_server_entry(b: &[u8]) -> Result<(String, String), WireError> {
+    need(b, 4, "export list entry")?;
+    let n = be32(b, 0) as usize;
+    if n > b.len() - 4 {
+        return Err(WireError::Truncated {
+            what: "export list entry",
+            got: b.len(),
+            need: 4 + n,
+        });
+    }
+    let name = std::str::from_utf8(&b[4..4 + n]).map_err(|_| WireError::Invalid {
+        what: "export name is not UTF-8".to_owned(),
+    })?;
+    Ok((
+        name.to_owned(),
+        String::from_utf8_lossy(&b[4 + n..]).into_owned(),
+    ))
+}
+
+/// Encodes the data of an `NBD_REP_INFO` carrying a string (`INFO_NAME`, `INFO_DESCRIPTION`).
+#[must_use]
+pub fn info_string(kind: u16, text: &str) -> Vec<u8> {
+    let mut d = kind.to_be_bytes().to_vec();
+    d.extend_from_slice(text.as_bytes());
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1113,6 +1238,32 @@ mod tests {
         let mut huge = b;
         huge[0] = 0xff;
         assert!(InfoRequest::parse(&huge).is_err());
+    }
+
+    #[test]
+    fn greeting_export_name_and_list_entries_round_trip() {
+        let h = Hello {
+            flags: FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES,
+        };
+        assert_eq!(Hello::parse(&h.encode()), Ok(h));
+        let mut bad = h.encode();
+        bad[9] ^= 1;
+        assert!(matches!(
+            Hello::parse(&bad),
+            Err(WireError::BadMagic { .. })
+        ));
+        let r = ExportNameReply {
+            size: 1 << 30,
+            flags: TF_HAS_FLAGS | TF_READ_ONLY,
+        };
+        assert_eq!(r.encode(true).len(), 10);
+        assert_eq!(r.encode(false).len(), 134);
+        assert_eq!(ExportNameReply::parse(&r.encode(false)), Ok(r));
+        assert_eq!(
+            parse_server_entry(&server_entry("vol")),
+            Ok(("vol".to_owned(), String::new()))
+        );
+        assert!(parse_server_entry(&[0, 0, 0, 9, b'x']).is_err());
     }
 
     #[test]

@@ -416,12 +416,10 @@ impl ServerSession {
             tls_active: false,
             starttls: false,
         };
-        let mut hello = Vec::with_capacity(18);
-        hello.extend_from_slice(&proto::NBDMAGIC.to_be_bytes());
-        hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-        hello
-            .extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
-        s.emit(&hello);
+        let hello = proto::Hello {
+            flags: proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES,
+        };
+        s.emit(&hello.encode());
         s
     }
 
@@ -1033,13 +1031,11 @@ impl ServerSession {
                     // No error reply is possible for this option: close.
                     return Err(SessionError::Protocol(format!("no export named {name:?}")));
                 };
-                let mut b = Vec::with_capacity(134);
-                b.extend_from_slice(&e.device.info().bytes().to_be_bytes());
-                b.extend_from_slice(&self.flags(&e).to_be_bytes());
-                if !self.no_zeroes {
-                    b.extend_from_slice(&[0u8; 124]);
-                }
-                self.emit(&b);
+                let reply = proto::ExportNameReply {
+                    size: e.device.info().bytes(),
+                    flags: self.flags(&e),
+                };
+                self.emit(&reply.encode(self.no_zeroes));
                 // No block sizes were agreed.
                 self.start(e, false, &name);
             }
@@ -1053,10 +1049,7 @@ impl ServerSession {
                 } else {
                     let names: Vec<String> = self.catalog.iter().map(|e| e.name.clone()).collect();
                     for name in names {
-                        let mut d = Vec::with_capacity(4 + name.len());
-                        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-                        d.extend_from_slice(name.as_bytes());
-                        self.reply(option, proto::REP_SERVER, &d);
+                        self.reply(option, proto::REP_SERVER, &proto::server_entry(&name));
                     }
                     self.reply(option, proto::REP_ACK, &[]);
                 }
@@ -1129,13 +1122,11 @@ impl ServerSession {
             &proto::info_block_size(min, pref, max),
         );
         if req.requests.contains(&proto::INFO_NAME) {
-            let mut d = proto::INFO_NAME.to_be_bytes().to_vec();
-            d.extend_from_slice(e.name.as_bytes());
+            let d = proto::info_string(proto::INFO_NAME, &e.name);
             self.reply(option, proto::REP_INFO, &d);
         }
         if req.requests.contains(&proto::INFO_DESCRIPTION) && !e.description.is_empty() {
-            let mut d = proto::INFO_DESCRIPTION.to_be_bytes().to_vec();
-            d.extend_from_slice(e.description.as_bytes());
+            let d = proto::info_string(proto::INFO_DESCRIPTION, &e.description);
             self.reply(option, proto::REP_INFO, &d);
         }
         self.reply(option, proto::REP_ACK, &[]);
@@ -1767,6 +1758,121 @@ fn zero_runs(d: &[u8]) -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MemDevice;
+
+    fn session(tls: TlsPolicy) -> ServerSession {
+        let catalog = Arc::new(
+            Catalog::new().with(ExportEntry::new("vol", Arc::new(MemDevice::new("m", 64)))),
+        );
+        let mut s = ServerSession::new(
+            catalog,
+            SessionConfig {
+                tls,
+                ..SessionConfig::default()
+            },
+        );
+        assert_eq!(s.take_output().unwrap().len(), proto::Hello::LEN);
+        s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+            .unwrap();
+        s
+    }
+
+    fn option(s: &mut ServerSession, option: u32, data: &[u8]) -> Vec<u32> {
+        let h = OptionHeader {
+            option,
+            length: data.len() as u32,
+        };
+        let mut b = h.encode().to_vec();
+        b.extend_from_slice(data);
+        let _ = s.receive(&b);
+        let mut out = Vec::new();
+        while let Some(o) = s.take_output() {
+            out.extend_from_slice(&o);
+        }
+        let mut kinds = Vec::new();
+        let mut at = 0;
+        while at + proto::OptionReply::LEN <= out.len() {
+            let r = proto::OptionReply::parse(&out[at..]).unwrap();
+            kinds.push(r.reply);
+            at += proto::OptionReply::LEN + r.length as usize;
+        }
+        kinds
+    }
+
+    fn go_data() -> Vec<u8> {
+        InfoRequest {
+            name: "vol".to_owned(),
+            requests: vec![],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn tls_required_answers_nothing_but_starttls_in_the_clear() {
+        let mut s = session(TlsPolicy::Require);
+        assert_eq!(
+            option(&mut s, proto::OPT_LIST, &[]),
+            [proto::REP_ERR_TLS_REQD]
+        );
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()),
+            [proto::REP_ERR_TLS_REQD]
+        );
+        assert!(!s.transmitting());
+        assert_eq!(
+            option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
+            [proto::REP_ERR_TLS_REQD]
+        );
+        assert_eq!(option(&mut s, proto::OPT_STARTTLS, &[]), [proto::REP_ACK]);
+        assert!(s.take_starttls() && !s.wants_input());
+        s.tls_established().unwrap();
+        assert!(s.tls_active());
+        assert_eq!(
+            option(&mut s, proto::OPT_STARTTLS, &[]),
+            [proto::REP_ERR_INVALID]
+        );
+        let kinds = option(&mut s, proto::OPT_GO, &go_data());
+        assert_eq!(kinds.last(), Some(&proto::REP_ACK));
+        assert!(s.transmitting());
+    }
+
+    #[test]
+    fn tls_required_closes_a_plain_export_name() {
+        let mut s = session(TlsPolicy::Require);
+        let h = OptionHeader {
+            option: proto::OPT_EXPORT_NAME,
+            length: 3,
+        };
+        let mut b = h.encode().to_vec();
+        b.extend_from_slice(b"vol");
+        assert!(s.receive(&b).is_err());
+        assert!(s.take_output().is_none() && !s.transmitting());
+    }
+
+    #[test]
+    fn tls_on_serves_plain_clients_and_forgets_clear_negotiation() {
+        let mut s = session(TlsPolicy::On);
+        assert_eq!(
+            option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
+            [proto::REP_ACK]
+        );
+        assert_eq!(option(&mut s, proto::OPT_STARTTLS, &[]), [proto::REP_ACK]);
+        assert!(s.take_starttls());
+        // Plain bytes where the handshake should be: refused.
+        s.input_buffer().extend_from_slice(b"junk");
+        assert!(s.tls_established().is_err());
+        // A plain client on the same policy is served.
+        let mut p = session(TlsPolicy::On);
+        let kinds = option(&mut p, proto::OPT_GO, &go_data());
+        assert_eq!(kinds.last(), Some(&proto::REP_ACK));
+        assert!(p.transmitting() && !p.tls_active());
+        // Off: STARTTLS is unsupported.
+        let mut o = session(TlsPolicy::Off);
+        assert_eq!(
+            option(&mut o, proto::OPT_STARTTLS, &[]),
+            [proto::REP_ERR_UNSUP]
+        );
+    }
 
     #[test]
     fn zero_runs_finds_long_aligned_runs_only() {

@@ -1,0 +1,53 @@
+//! The client's negotiation and reply decoding (sans-IO) fed arbitrary server bytes in
+//! arbitrary pieces: they must never panic, and every reply decoded must be to a handle in
+//! flight with data only on success, of the length its request asked.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tagstripe::nbd::client_session::{ClientHandshake, ReplyDecoder, Status};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
+    let mut h = ClientHandshake::new("x", mode & 1 == 1);
+    let piece = usize::from(mode >> 1) % 31 + 1;
+    let mut rest = data;
+    let mut ready = false;
+    while !rest.is_empty() {
+        let (now, later) = rest.split_at(piece.min(rest.len()));
+        rest = later;
+        let _ = h.take_output();
+        match h.receive(now) {
+            Ok(Status::NeedInput) => {}
+            Ok(Status::StartTls) => h.tls_established(),
+            Ok(Status::Ready(info)) => {
+                if let Some((min, pref, max)) = info.block_sizes {
+                    assert!(min.is_power_of_two() && pref >= min && max >= min);
+                }
+                ready = true;
+                break;
+            }
+            Err(_) => return,
+        }
+    }
+    if !ready {
+        return;
+    }
+    // Handles 1-8 are in flight: odd ones are reads of handle * 512 bytes.
+    let mut dec = ReplyDecoder::new(h.take_leftover());
+    let len = |handle: u64| (1..=8).contains(&handle).then(|| if handle % 2 == 1 { handle as usize * 512 } else { 0 });
+    for chunk in rest.chunks(piece) {
+        dec.input_buffer().extend_from_slice(chunk);
+        loop {
+            match dec.next(len) {
+                Ok(Some(r)) => {
+                    let want = len(r.handle).expect("decoded a reply to a handle not in flight");
+                    assert_eq!(r.data.len(), if r.error == 0 { want } else { 0 });
+                }
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+    }
+});

@@ -1,0 +1,432 @@
+//! The client's side of the NBD protocol as state machines with no I/O (sans-IO): the
+//! negotiation ([`ClientHandshake`]: greeting, optional `STARTTLS`, `GO` with block sizes,
+//! `EXPORT_NAME` for servers without `GO`) and the decoding of simple replies
+//! ([`ReplyDecoder`]). [`super::NbdDevice`] is a thin tokio loop around them; tests drive
+//! them directly.
+//!
+//! ```
+//! use tagstripe::nbd::client_session::{ClientHandshake, Status};
+//! use tagstripe::nbd::proto;
+//!
+//! let mut h = ClientHandshake::new("disk", false);
+//! let hello = proto::Hello { flags: proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES };
+//! assert_eq!(h.receive(&hello.encode())?, Status::NeedInput);
+//! let sent = h.take_output(); // our flags, then NBD_OPT_GO for "disk"
+//! assert_eq!(&sent[..4], &(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes());
+//! let mut reply = proto::OptionReply::encode(proto::OPT_GO, proto::REP_INFO, &proto::info_export(1 << 20, 1));
+//! reply.extend(proto::OptionReply::encode(proto::OPT_GO, proto::REP_ACK, &[]));
+//! match h.receive(&reply)? {
+//!     Status::Ready(info) => assert_eq!(info.size, 1 << 20),
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok::<(), tagstripe::nbd::proto::WireError>(())
+//! ```
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::proto::{
+    self, ExportInfo, ExportNameReply, Hello, InfoRequest, OptionHeader, OptionReply, SimpleReply,
+    WireError,
+};
+
+/// Where a [`ClientHandshake`] stands after taking in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// More bytes from the server are needed (send [`ClientHandshake::take_output`] first).
+    NeedInput,
+    /// The server accepted `STARTTLS`: run the TLS handshake on the connection, then call
+    /// [`ClientHandshake::tls_established`] and go on inside TLS.
+    StartTls,
+    /// Negotiation is over: the export's size, flags and block sizes.
+    Ready(ExportInfo),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Hello,
+    StartTlsReply,
+    InTls,
+    GoReplies,
+    ExportName,
+    Done,
+}
+
+/// The client's negotiation; see the [module](self) documentation.
+#[derive(Debug)]
+pub struct ClientHandshake {
+    export: String,
+    starttls: bool,
+    state: State,
+    input: BytesMut,
+    output: Vec<u8>,
+    no_zeroes: bool,
+    info: ExportInfo,
+    got_export: bool,
+}
+
+/// Option replies longer than this are a broken or hostile server.
+const MAX_OPTION_REPLY: usize = proto::MAX_STRING + 1024;
+
+fn invalid(what: String) -> WireError {
+    WireError::Invalid { what }
+}
+
+impl ClientHandshake {
+    /// Negotiation for `export`, upgrading to TLS first if `starttls` (before any other
+    /// option, so nothing is said in the clear).
+    #[must_use]
+    pub fn new(export: &str, starttls: bool) -> Self {
+        Self {
+            export: export.to_owned(),
+            starttls,
+            state: State::Hello,
+            input: BytesMut::new(),
+            output: Vec::new(),
+            no_zeroes: false,
+            info: ExportInfo::default(),
+            got_export: false,
+        }
+    }
+
+    /// The bytes to send now (empty if none).
+    pub fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
+    }
+
+    /// Bytes received beyond the negotiation (the first replies, if a server sent them
+    /// early); hand them to the [`ReplyDecoder`].
+    pub fn take_leftover(&mut self) -> BytesMut {
+        std::mem::take(&mut self.input)
+    }
+
+    /// Takes in server bytes.
+    ///
+    /// # Errors
+    /// [`WireError`] for a server that breaks the protocol, refuses the export (the error
+    /// names it and carries the server's message), or refuses `STARTTLS`.
+    pub fn receive(&mut self, data: &[u8]) -> Result<Status, WireError> {
+        self.input.extend_from_slice(data);
+        loop {
+            match self.state {
+                State::Hello => {
+                    if self.input.len() < Hello::LEN {
+                        return Ok(Status::NeedInput);
+                    }
+                    let h = Hello::parse(&self.input[..Hello::LEN])?;
+                    self.input.advance(Hello::LEN);
+                    if h.flags & proto::FLAG_FIXED_NEWSTYLE == 0 {
+                        return Err(invalid(
+                            "the server does not speak fixed newstyle".to_owned(),
+                        ));
+                    }
+                    self.no_zeroes = h.flags & proto::FLAG_NO_ZEROES != 0;
+                    let mut c = proto::FLAG_C_FIXED_NEWSTYLE;
+                    if self.no_zeroes {
+                        c |= proto::FLAG_C_NO_ZEROES;
+                    }
+                    self.output.extend_from_slice(&c.to_be_bytes());
+                    if self.starttls {
+                        let h = OptionHeader {
+                            option: proto::OPT_STARTTLS,
+                            length: 0,
+                        };
+                        self.output.extend_from_slice(&h.encode());
+                        self.state = State::StartTlsReply;
+                    } else {
+                        self.send_go();
+                    }
+                }
+                State::StartTlsReply => {
+                    let Some((rep, d)) = self.option_reply()? else {
+                        return Ok(Status::NeedInput);
+                    };
+                    if rep.reply != proto::REP_ACK {
+                        return Err(invalid(format!(
+                            "the server will not start TLS ({:#x}): {}",
+                            rep.reply,
+                            String::from_utf8_lossy(&d)
+                        )));
+                    }
+                    if !self.input.is_empty() {
+                        return Err(invalid("data in the clear after STARTTLS".to_owned()));
+                    }
+                    self.state = State::InTls;
+                    return Ok(Status::StartTls);
+                }
+                State::InTls => return Ok(Status::NeedInput),
+                State::GoReplies => {
+                    let Some((rep, d)) = self.option_reply()? else {
+                        return Ok(Status::NeedInput);
+                    };
+                    match rep.reply {
+                        proto::REP_INFO => {
+                            self.info.absorb(&d)?;
+                            self.got_export |=
+                                d.len() >= 2 && d[..2] == proto::INFO_EXPORT.to_be_bytes();
+                        }
+                        proto::REP_ACK if self.got_export => {
+                            self.state = State::Done;
+                            return Ok(Status::Ready(self.info));
+                        }
+                        proto::REP_ACK => {
+                            return Err(invalid("GO acknowledged without export info".to_owned()));
+                        }
+                        proto::REP_ERR_UNSUP => {
+                            // An old server: NBD_OPT_EXPORT_NAME, which ends negotiation.
+                            let h = OptionHeader {
+                                option: proto::OPT_EXPORT_NAME,
+                                length: u32::try_from(self.export.len()).unwrap_or(u32::MAX),
+                            };
+                            self.output.extend_from_slice(&h.encode());
+                            self.output.extend_from_slice(self.export.as_bytes());
+                            self.state = State::ExportName;
+                        }
+                        e if e & (1 << 31) != 0 => {
+                            return Err(invalid(format!(
+                                "export {:?} refused ({e:#x}): {}",
+                                self.export,
+                                String::from_utf8_lossy(&d)
+                            )));
+                        }
+                        // Other replies (a future extension's) are skipped.
+                        _ => {}
+                    }
+                }
+                State::ExportName => {
+                    let need = ExportNameReply::LEN
+                        + if self.no_zeroes {
+                            0
+                        } else {
+                            ExportNameReply::ZEROES
+                        };
+                    if self.input.len() < need {
+                        return Ok(Status::NeedInput);
+                    }
+                    let r = ExportNameReply::parse(&self.input)?;
+                    self.input.advance(need);
+                    self.info.size = r.size;
+                    self.info.flags = r.flags;
+                    self.state = State::Done;
+                    return Ok(Status::Ready(self.info));
+                }
+                State::Done => return Ok(Status::Ready(self.info)),
+            }
+        }
+    }
+
+    /// The TLS handshake succeeded: negotiation goes on inside it (`GO` is queued).
+    pub fn tls_established(&mut self) {
+        if self.state == State::InTls {
+            self.send_go();
+        }
+    }
+
+    fn send_go(&mut self) {
+        let data = InfoRequest {
+            name: self.export.clone(),
+            requests: vec![proto::INFO_BLOCK_SIZE],
+        }
+        .encode();
+        let h = OptionHeader {
+            option: proto::OPT_GO,
+            length: u32::try_from(data.len()).unwrap_or(u32::MAX),
+        };
+        self.output.extend_from_slice(&h.encode());
+        self.output.extend_from_slice(&data);
+        self.state = State::GoReplies;
+    }
+
+    /// One whole option reply, if it has arrived.
+    fn option_reply(&mut self) -> Result<Option<(OptionReply, Bytes)>, WireError> {
+        if self.input.len() < OptionReply::LEN {
+            return Ok(None);
+        }
+        let rep = OptionReply::parse(&self.input[..OptionReply::LEN])?;
+        let n = rep.length as usize;
+        if n > MAX_OPTION_REPLY {
+            return Err(invalid(format!("option reply of {n} bytes")));
+        }
+        if self.input.len() < OptionReply::LEN + n {
+            return Ok(None);
+        }
+        self.input.advance(OptionReply::LEN);
+        Ok(Some((rep, self.input.split_to(n).freeze())))
+    }
+}
+
+/// One reply of the transmission phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The request's handle.
+    pub handle: u64,
+    /// 0 or the errno the server answered.
+    pub error: u32,
+    /// A successful read's data.
+    pub data: Bytes,
+}
+
+/// Decodes simple replies from the bytes a server sends; see the [module](self)
+/// documentation.
+#[derive(Debug, Default)]
+pub struct ReplyDecoder {
+    input: BytesMut,
+    /// A header whose data has not all arrived: handle, error, data length.
+    partial: Option<(u64, u32, usize)>,
+}
+
+impl ReplyDecoder {
+    /// A decoder, with bytes that arrived during negotiation.
+    #[must_use]
+    pub fn new(leftover: BytesMut) -> Self {
+        Self {
+            input: leftover,
+            partial: None,
+        }
+    }
+
+    /// The buffer to read server bytes into.
+    pub fn input_buffer(&mut self) -> &mut BytesMut {
+        &mut self.input
+    }
+
+    /// The next whole reply, if it has arrived. `read_len` says, for a handle in flight,
+    /// how many bytes of data its reply carries on success (0 for anything but a read), or
+    /// `None` for a handle not in flight.
+    ///
+    /// # Errors
+    /// [`WireError`] for a bad magic or a reply to a handle not in flight: the connection
+    /// can no longer be decoded.
+    pub fn next(
+        &mut self,
+        read_len: impl FnOnce(u64) -> Option<usize>,
+    ) -> Result<Option<Reply>, WireError> {
+        let (handle, error, len) = match self.partial {
+            Some(p) => p,
+            None => {
+                if self.input.len() < SimpleReply::LEN {
+                    return Ok(None);
+                }
+                let r = SimpleReply::parse(&self.input[..SimpleReply::LEN])?;
+                let n = read_len(r.handle)
+                    .ok_or_else(|| invalid(format!("reply for unknown handle {:#x}", r.handle)))?;
+                self.input.advance(SimpleReply::LEN);
+                let len = if r.error == 0 { n } else { 0 };
+                self.partial = Some((r.handle, r.error, len));
+                (r.handle, r.error, len)
+            }
+        };
+        if self.input.len() < len {
+            self.input.reserve(len - self.input.len());
+            return Ok(None);
+        }
+        self.partial = None;
+        let data = self.input.split_to(len).freeze();
+        Ok(Some(Reply {
+            handle,
+            error,
+            data,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_servers_get_export_name_and_zeroes_are_skipped() {
+        let mut h = ClientHandshake::new("d", false);
+        let hello = Hello {
+            flags: proto::FLAG_FIXED_NEWSTYLE,
+        };
+        assert_eq!(h.receive(&hello.encode()), Ok(Status::NeedInput));
+        let _ = h.take_output();
+        let unsup = OptionReply::encode(proto::OPT_GO, proto::REP_ERR_UNSUP, b"no");
+        assert_eq!(h.receive(&unsup), Ok(Status::NeedInput));
+        let sent = h.take_output();
+        assert_eq!(
+            OptionHeader::parse(&sent).unwrap().option,
+            proto::OPT_EXPORT_NAME
+        );
+        let r = ExportNameReply {
+            size: 4096,
+            flags: proto::TF_HAS_FLAGS,
+        }
+        .encode(false);
+        // The reply in two pieces, the zeroes last.
+        assert_eq!(h.receive(&r[..50]), Ok(Status::NeedInput));
+        match h.receive(&r[50..]) {
+            Ok(Status::Ready(i)) => assert_eq!((i.size, i.flags), (4096, proto::TF_HAS_FLAGS)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn refusals_and_garbage_are_errors() {
+        let mut h = ClientHandshake::new("d", true);
+        assert!(h.receive(b"NOTMAGIC-at-all-18").is_err());
+        let mut h = ClientHandshake::new("d", true);
+        let hello = Hello {
+            flags: proto::FLAG_FIXED_NEWSTYLE,
+        };
+        h.receive(&hello.encode()).unwrap();
+        let no = OptionReply::encode(proto::OPT_STARTTLS, proto::REP_ERR_UNSUP, b"no TLS");
+        let e = h.receive(&no).unwrap_err();
+        assert!(e.to_string().contains("will not start TLS"), "{e}");
+        let mut h = ClientHandshake::new("d", false);
+        h.receive(&hello.encode()).unwrap();
+        let unknown = OptionReply::encode(proto::OPT_GO, proto::REP_ERR_UNKNOWN, b"nope");
+        assert!(
+            h.receive(&unknown)
+                .unwrap_err()
+                .to_string()
+                .contains("\"d\" refused")
+        );
+    }
+
+    #[test]
+    fn replies_decode_in_any_split() {
+        let mut b = SimpleReply {
+            error: 0,
+            handle: 1,
+        }
+        .encode()
+        .to_vec();
+        b.extend_from_slice(&[7u8; 1024]);
+        b.extend_from_slice(
+            &SimpleReply {
+                error: 5,
+                handle: 2,
+            }
+            .encode(),
+        );
+        let lens = |h: u64| match h {
+            1 => Some(1024),
+            2 => Some(512),
+            _ => None,
+        };
+        for cut in [1, 16, 17, 1040, b.len()] {
+            let mut d = ReplyDecoder::new(BytesMut::new());
+            let mut got = Vec::new();
+            for part in [&b[..cut], &b[cut..]] {
+                d.input_buffer().extend_from_slice(part);
+                while let Some(r) = d.next(lens).unwrap() {
+                    got.push(r);
+                }
+            }
+            assert_eq!(got.len(), 2, "cut at {cut}");
+            assert_eq!(got[0].data.len(), 1024);
+            // An error reply carries no data, whatever the request.
+            assert_eq!((got[1].error, got[1].data.len()), (5, 0));
+        }
+        let mut d = ReplyDecoder::new(BytesMut::new());
+        d.input_buffer().extend_from_slice(
+            &SimpleReply {
+                error: 0,
+                handle: 9,
+            }
+            .encode(),
+        );
+        assert!(d.next(lens).is_err());
+    }
+}
