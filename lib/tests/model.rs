@@ -39,6 +39,10 @@ enum Op {
     Write(u64, u64, u8),
     Read(u64, u64),
     Discard(u64, u64),
+    /// `write_zeroes`, may-unmap or not.
+    Zero(u64, u64, bool),
+    /// The allocation query: extents cover the range, and what they call zero reads as zero.
+    Alloc(u64, u64),
     Flush,
 }
 
@@ -47,6 +51,8 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         4 => (any::<u64>(), 1u64..300, any::<u8>()).prop_map(|(s, n, b)| Op::Write(s, n, b)),
         4 => (any::<u64>(), 1u64..300).prop_map(|(s, n)| Op::Read(s, n)),
         1 => (any::<u64>(), 1u64..300).prop_map(|(s, n)| Op::Discard(s, n)),
+        1 => (any::<u64>(), 1u64..300, any::<bool>()).prop_map(|(s, n, u)| Op::Zero(s, n, u)),
+        2 => (any::<u64>(), 1u64..600).prop_map(|(s, n)| Op::Alloc(s, n)),
         1 => Just(Op::Flush),
     ];
     prop::collection::vec(op, 1..60)
@@ -286,6 +292,52 @@ async fn run(
                     }
                 }
             }
+            Op::Zero(s, n, unmap) => {
+                let s = s % total;
+                let n = n.min(total - s);
+                let range = s as usize..(s + n) as usize;
+                let z = tagstripe::Zeroes::new().unmap(unmap);
+                match f.vol.write_zeroes(s, n, z, IoOpts::new()).await {
+                    Ok(()) => {
+                        m.data[range.start * 512..range.end * 512].fill(0);
+                        m.unknown[range].fill(false);
+                    }
+                    Err(_) => {
+                        prop_assert!(
+                            fault_rate > 0.0,
+                            "write-zeroes failed with no faults injected"
+                        );
+                        m.unknown[range].fill(true);
+                    }
+                }
+            }
+            Op::Alloc(s, n) => {
+                let s = s % total;
+                let n = n.min(total - s);
+                let extents = f
+                    .vol
+                    .allocation(s, n)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let covered: u64 = extents.iter().map(|e| e.sectors).sum();
+                prop_assert_eq!(covered, n, "extents {:?} do not cover {}+{}", extents, s, n);
+                let mut at = s;
+                for e in &extents {
+                    prop_assert!(e.sectors > 0);
+                    if e.zero {
+                        for sec in at..at + e.sectors {
+                            let b = sec as usize * 512;
+                            prop_assert!(
+                                m.unknown[sec as usize]
+                                    || m.data[b..b + 512].iter().all(|&x| x == 0),
+                                "sector {} is in a zero extent but holds data",
+                                sec
+                            );
+                        }
+                    }
+                    at += e.sectors;
+                }
+            }
             Op::Flush => {
                 let r = f.vol.flush(IoOpts::new()).await;
                 prop_assert!(r.is_ok() || fault_rate > 0.0);
@@ -485,4 +537,48 @@ fn bad_input_is_refused() {
         ));
         assert!(f.faults.iter().all(|d| d.injected() == 0));
     });
+}
+
+/// Zeroing with unmap really deallocates where the filesystem can punch holes: the file's
+/// allocated blocks (what `du` counts) shrink, and the allocation query calls the range a
+/// hole; zeroing without unmap keeps the blocks and reads as zeroes.
+#[test]
+fn zeroing_with_unmap_punches_holes_in_files() {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::env::temp_dir().join(format!("tagstripe-punch-{}.img", std::process::id()));
+    let d = FileDevice::create(&path, 16384, FileOptions::default()).unwrap();
+    rt().block_on(async {
+        d.write(0, Bytes::from(vec![9u8; 8 << 20]), IoOpts::new())
+            .await
+            .unwrap();
+        d.flush(IoOpts::new()).await.unwrap();
+        let full = std::fs::metadata(&path).unwrap().blocks();
+        d.write_zeroes(2048, 4096, tagstripe::Zeroes::new().unmap(false), IoOpts::new())
+            .await
+            .unwrap();
+        let kept = std::fs::metadata(&path).unwrap().blocks();
+        d.write_zeroes(8192, 4096, tagstripe::Zeroes::new().unmap(true), IoOpts::new())
+            .await
+            .unwrap();
+        let punched = std::fs::metadata(&path).unwrap().blocks();
+        println!("allocated 512-byte blocks: {full} written, {kept} after zeroing, {punched} after zeroing with unmap");
+        assert!(kept >= full - 8, "zeroing without unmap freed blocks: {full} -> {kept}");
+        assert!(
+            punched <= full - 4096,
+            "2 MiB zeroed with unmap, yet {full} -> {punched} blocks"
+        );
+        let ext = d.allocation(0, 16384).await.unwrap();
+        assert_eq!(ext.iter().map(|e| e.sectors).sum::<u64>(), 16384);
+        let mut at = 0;
+        for e in &ext {
+            if (at..at + e.sectors).contains(&8192) {
+                assert!(e.hole && e.zero, "the punched range: {ext:?}");
+                assert!(at <= 8192 && at + e.sectors >= 12288, "{ext:?}");
+            }
+            at += e.sectors;
+        }
+        let back = d.read(2048, 4096, IoOpts::new()).await.unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+    });
+    std::fs::remove_file(&path).unwrap();
 }
