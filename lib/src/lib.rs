@@ -16,6 +16,31 @@
 //! ```
 //!
 //! The pure crates are re-exported as [`striping`], [`quirks`] and [`scheduler`].
+//!
+//! A volume striped over two devices, a component wrapped in a fault injector, and the
+//! error that names where it failed:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use tagstripe::{BlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
+//! # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+//! let a = Arc::new(MemDevice::new("a", 4096));
+//! let b = Arc::new(FaultDevice::new(MemDevice::new("b", 4096)));
+//! let vol = Volume::builder([a as Arc<dyn BlockDevice>, b.clone()])
+//!     .interleave(64)
+//!     .no_offset(true)
+//!     .build()?;
+//! vol.write(0, Bytes::from(vec![1u8; 128 * 512]), IoOpts::new()).await?; // both components
+//! assert_eq!(vol.read(64, 1, IoOpts::new()).await?, vec![1u8; 512]);
+//!
+//! b.inject(Fault::always(FaultOp::Read, FaultKind::Error));
+//! let e = vol.read(64, 1, IoOpts::new()).await.unwrap_err();
+//! assert_eq!((e.component(), e.errno()), (Some(1), libc::EIO));
+//! # Ok::<(), tagstripe::Error>(())
+//! # }).unwrap();
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use tagstripe_quirks as quirks;
 pub use tagstripe_scheduler as scheduler;
@@ -26,12 +51,14 @@ mod device;
 mod error;
 mod layers;
 #[cfg(feature = "nbd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;
 mod open;
 mod stats;
 mod volume;
 
 #[cfg(feature = "uring")]
+#[cfg_attr(docsrs, doc(cfg(feature = "uring")))]
 pub use backend::UringDevice;
 pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
@@ -42,7 +69,7 @@ pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use open::{OpenOptions, open};
 pub use stats::{Stats, StatsSnapshot};
-pub use volume::{IntoComponent, Volume, VolumeBuilder};
+pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -62,9 +62,75 @@ pub struct VolumeBuilder {
     mod15: Mod15,
     fair: FairConfig,
     queue: bool,
+    layers: Layers,
+}
+
+/// A wrapper a volume puts around each of its components (tower's `Layer`, for block
+/// devices): given the component's index and the device, it returns the device to use in
+/// its place, a fault injector, a throttle, a metrics recorder or anything else that is a
+/// [`BlockDevice`]. Layers sit right on the component, under the volume's own split and
+/// queue, so they see the requests the device would see; the first layer added is the
+/// innermost. Closures `Fn(usize, Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>` are layers.
+pub trait Layer: Send + Sync + 'static {
+    /// The device to use for component `component` in place of `inner`.
+    fn layer(&self, component: usize, inner: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>;
+}
+
+impl<F> Layer for F
+where
+    F: Fn(usize, Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> + Send + Sync + 'static,
+{
+    fn layer(&self, component: usize, inner: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+        self(component, inner)
+    }
+}
+
+/// The layers of a builder (shown by count).
+#[derive(Default)]
+struct Layers(Vec<Box<dyn Layer>>);
+
+impl std::fmt::Debug for Layers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} layers", self.0.len())
+    }
 }
 
 impl VolumeBuilder {
+    /// Wraps every component in `layer` (see [`Layer`]); called once per component, in
+    /// order, when the volume is built.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
+    /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+    /// let comps = [Arc::new(MemDevice::new("a", 1024)), Arc::new(MemDevice::new("b", 1024))];
+    /// // Component 1 fails every write; component 0 is left as it is.
+    /// let vol = Volume::builder(comps)
+    ///     .interleave(16)
+    ///     .no_offset(true)
+    ///     .layer(|i: usize, dev: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
+    ///         if i != 1 {
+    ///             return dev;
+    ///         }
+    ///         let f = FaultDevice::new(dev);
+    ///         f.inject(Fault::always(FaultOp::Write, FaultKind::Error));
+    ///         Arc::new(f)
+    ///     })
+    ///     .build()?;
+    /// let data = Bytes::from(vec![7u8; 8192]);
+    /// assert!(vol.write(0, data.clone(), IoOpts::new()).await.is_ok()); // on component 0
+    /// let err = vol.write(16, data, IoOpts::new()).await.unwrap_err(); // on component 1
+    /// assert_eq!(err.component(), Some(1));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn layer(mut self, layer: impl Layer) -> Self {
+        self.layers.0.push(Box::new(layer));
+        self
+    }
+
     /// The volume's name in messages.
     #[must_use]
     pub fn name(mut self, name: &str) -> Self {
@@ -167,15 +233,23 @@ impl VolumeBuilder {
         self
     }
 
-    /// Applies quirks to each component, wraps it in `Split<Queue<D>>`, and stripes.
+    /// Wraps each component in the user's layers, applies quirks, wraps it in
+    /// `Split<Queue<D>>`, and stripes.
     ///
     /// # Errors
     /// A geometry ccd refuses ([`crate::Error::Geometry`]), limits that do not validate or
     /// stack ([`crate::Error::Limits`]).
     pub fn build(self) -> Result<Volume> {
-        let sizes: Vec<u64> = self.components.iter().map(|c| c.info().sectors).collect();
-        let sector_size = self
+        // The user's layers first: the volume is built on what they return.
+        let layers = &self.layers.0;
+        let components: Vec<Arc<dyn BlockDevice>> = self
             .components
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| layers.iter().fold(c, |dev, l| l.layer(i, dev)))
+            .collect();
+        let sizes: Vec<u64> = components.iter().map(|c| c.info().sectors).collect();
+        let sector_size = components
             .iter()
             .map(|c| c.info().limits.logical_block_size)
             .max()
@@ -192,10 +266,10 @@ impl VolumeBuilder {
             gb.reserved(r);
         }
         let geometry = gb.build()?;
-        let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(self.components.len());
+        let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(components.len());
         let mut component_stats = Vec::new();
         let mut queues = Vec::new();
-        for c in self.components {
+        for c in components {
             let info = c.info();
             let applied = self.quirks.apply(&info.identity, &info.limits)?;
             let dev: Arc<dyn BlockDevice> = if self.queue {
@@ -269,6 +343,7 @@ impl Volume {
             mod15: Mod15::Cap15,
             fair: FairConfig::default(),
             queue: true,
+            layers: Layers::default(),
         }
     }
 
@@ -366,6 +441,7 @@ impl Volume {
     async fn timed<T>(
         &self,
         op: OpKind,
+        class: tagstripe_scheduler::IoClass,
         bytes: u64,
         f: impl Future<Output = Result<T>>,
     ) -> Result<T> {
@@ -373,7 +449,7 @@ impl Volume {
         // tokio's clock, as the queues use: the two agree (also under a paused clock).
         let t = tokio::time::Instant::now();
         let r = f.await;
-        counted.end(op, bytes, t.elapsed(), r.is_ok());
+        counted.end(op, class, bytes, t.elapsed(), r.is_ok());
         r
     }
 }
@@ -386,14 +462,20 @@ impl BlockDevice for Volume {
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         let bytes = sectors.saturating_mul(512);
-        self.timed(OpKind::Read, bytes, self.striped.read(start, sectors, opts))
-            .await
+        self.timed(
+            OpKind::Read,
+            opts.class,
+            bytes,
+            self.striped.read(start, sectors, opts),
+        )
+        .await
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let bytes = buf.len() as u64;
         self.timed(
             OpKind::Read,
+            opts.class,
             bytes,
             self.striped.read_into(start, buf, opts),
         )
@@ -402,12 +484,18 @@ impl BlockDevice for Volume {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
-        self.timed(OpKind::Write, bytes, self.striped.write(start, data, opts))
-            .await
+        self.timed(
+            OpKind::Write,
+            opts.class,
+            bytes,
+            self.striped.write(start, data, opts),
+        )
+        .await
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
-        self.timed(OpKind::Flush, 0, self.striped.flush(opts)).await
+        self.timed(OpKind::Flush, opts.class, 0, self.striped.flush(opts))
+            .await
     }
 
     async fn write_zeroes(
@@ -419,6 +507,7 @@ impl BlockDevice for Volume {
     ) -> Result<()> {
         self.timed(
             OpKind::Write,
+            opts.class,
             0,
             self.striped.write_zeroes(start, sectors, z, opts),
         )
@@ -428,6 +517,7 @@ impl BlockDevice for Volume {
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.timed(
             OpKind::Discard,
+            opts.class,
             0,
             self.striped.discard(start, sectors, opts),
         )

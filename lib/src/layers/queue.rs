@@ -412,7 +412,7 @@ impl<D: BlockDevice> Queue<D> {
         };
         let took = Duration::from_nanos(ended.saturating_sub(started));
         slow(self.dev.info(), op, took);
-        counted.end(op, bytes, took, result.is_ok());
+        counted.end(op, opts.class, bytes, took, result.is_ok());
         result
     }
 }
@@ -543,7 +543,7 @@ impl<D: BlockDevice> Queue<D> {
         };
         let bytes = buf.len() as u64;
         let took = Duration::from_nanos(ended.saturating_sub(started));
-        counted.end(OpKind::Read, bytes, took, result.is_ok());
+        counted.end(OpKind::Read, opts.class, bytes, took, result.is_ok());
         result
     }
 

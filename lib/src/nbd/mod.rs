@@ -14,6 +14,7 @@ pub mod proto;
 mod server;
 pub mod session;
 #[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;
 
 pub use allow::{AllowList, Network};
