@@ -251,7 +251,10 @@ fn stats_survive_cancellation_and_share_one_clock() {
         // One clock: the volume's time includes the queue's, and little else (under a
         // paused clock nothing else takes time).
         assert!(vp >= qp, "volume {vp:?}, queue {qp:?}");
-        assert!(vp.as_secs_f64() <= qp.as_secs_f64() * 1.05, "volume {vp:?}, queue {qp:?}");
+        assert!(
+            vp.as_secs_f64() <= qp.as_secs_f64() * 1.05,
+            "volume {vp:?}, queue {qp:?}"
+        );
         // Per class: bulk reads are counted apart from the best-effort ones.
         use tagstripe::scheduler::IoClass;
         for i in 0..5 {

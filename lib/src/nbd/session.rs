@@ -1608,7 +1608,13 @@ impl ServerSession {
                 p.open = 1;
                 p.next = offset + length;
                 self.requests.insert(req, p);
-                let op = self.new_op(req, offset, kind, offset, length, flags);
+                // A flush has no range: whatever the header carried is not passed on.
+                let (o, l) = if kind == OpKind::Flush {
+                    (0, 0)
+                } else {
+                    (offset, length)
+                };
+                let op = self.new_op(req, offset, kind, o, l, flags);
                 self.ready.push_back(op);
             }
         }
