@@ -64,9 +64,15 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let pieces = self.splitter.split(Op::Read, start, sectors)?;
-        let reads = pieces.map(|p| self.dev.read(p.start, p.sectors, opts));
-        Ok(super::gather(super::all(reads).await?))
+        let first = self.splitter.split(Op::Read, start, sectors)?.next();
+        if first.is_some_and(|p| p.sectors == sectors) {
+            // Not split: the device's bytes as they come.
+            return self.dev.read(start, sectors, opts).await;
+        }
+        // Split: each piece read straight into its place (one copy, not two).
+        let mut buf = vec![0u8; sectors as usize * 512];
+        self.read_into(start, &mut buf, opts).await?;
+        Ok(Bytes::from(buf))
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {

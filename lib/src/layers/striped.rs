@@ -267,9 +267,15 @@ impl BlockDevice for Striped {
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let pieces = self.pieces(start, sectors)?;
-        let parts = super::all(pieces.into_iter().map(|p| self.read_piece(p, opts))).await?;
-        Ok(super::gather(parts))
+        let first = self.geometry.map(start, sectors)?.next();
+        if let Some(p) = first.filter(|p| p.count == sectors) {
+            // One piece: the component's bytes as they come, no copy here.
+            return self.read_piece(p, opts).await;
+        }
+        // Several: each read straight into its place in one buffer (one copy, not two).
+        let mut buf = vec![0u8; sectors as usize * 512];
+        self.read_into(start, &mut buf, opts).await?;
+        Ok(Bytes::from(buf))
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
