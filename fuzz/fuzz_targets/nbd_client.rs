@@ -4,14 +4,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::client_session::{ClientHandshake, ReplyDecoder, Status};
+use tagstripe::nbd::client_session::{ClientHandshake, Expect, ReplyDecoder, Status};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, data)) = data.split_first() else {
         return;
     };
-    let mut h = ClientHandshake::new("x", mode & 1 == 1);
-    let piece = usize::from(mode >> 1) % 31 + 1;
+    let mut h = ClientHandshake::new("x", mode & 1 == 1).with_allocation(mode & 2 == 2);
+    let piece = usize::from(mode >> 2) % 31 + 1;
     let mut rest = data;
     let mut ready = false;
     while !rest.is_empty() {
@@ -34,16 +34,26 @@ fuzz_target!(|data: &[u8]| {
     if !ready {
         return;
     }
-    // Handles 1-8 are in flight: odd ones are reads of handle * 512 bytes.
-    let mut dec = ReplyDecoder::new(h.take_leftover());
-    let len = |handle: u64| (1..=8).contains(&handle).then(|| if handle % 2 == 1 { handle as usize * 512 } else { 0 });
+    // Handles 1-8 are in flight: odd ones are reads of handle * 512 bytes at handle * 4096.
+    let left = h.take_leftover();
+    let mut dec = if h.structured() {
+        ReplyDecoder::structured(left)
+    } else {
+        ReplyDecoder::new(left)
+    };
+    let len = |handle: u64| {
+        (1..=8).contains(&handle).then(|| Expect {
+            read_len: if handle % 2 == 1 { handle as usize * 512 } else { 0 },
+            offset: handle * 4096,
+        })
+    };
     for chunk in rest.chunks(piece) {
         dec.input_buffer().extend_from_slice(chunk);
         loop {
             match dec.next(len) {
                 Ok(Some(r)) => {
                     let want = len(r.handle).expect("decoded a reply to a handle not in flight");
-                    assert_eq!(r.data.len(), if r.error == 0 { want } else { 0 });
+                    assert_eq!(r.data.len(), if r.error == 0 { want.read_len } else { 0 });
                 }
                 Ok(None) => break,
                 Err(_) => return,

@@ -1063,3 +1063,66 @@ async fn unaligned_requests_without_agreed_block_sizes() {
     // The device holds exactly the model: nothing around the bytes changed.
     assert_eq!(vol.read(0, 16, IoOpts::new()).await.unwrap(), model);
 }
+
+/// The allocation query over NBD: block status on `base:allocation`, against qemu-nbd on a
+/// sparse file and against tagstripe's own server, and through a volume striped over both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocation_over_nbd_is_block_status() {
+    use tagstripe::Extent;
+    if !have("qemu-nbd") {
+        return;
+    }
+    let dir = scratch("alloc");
+    let file = dir.join("sparse.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    // 1 MiB of data at 4 MiB; the rest a hole.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(&vec![0x42u8; 1 << 20], 4 << 20).unwrap();
+        f.sync_all().unwrap();
+    }
+    let peer = qemu_nbd(&file, "s");
+    let q = NbdDevice::connect(&format!("nbd://127.0.0.1:{}/s", peer.port))
+        .await
+        .unwrap();
+    let ext = q.allocation(0, 16384).await.unwrap();
+    assert_eq!(ext.iter().map(|e| e.sectors).sum::<u64>(), 16384, "{ext:?}");
+    let data: u64 = ext.iter().filter(|e| !e.zero).map(|e| e.sectors).sum();
+    assert_eq!(data, 2048, "qemu-nbd: {ext:?}");
+    assert!(ext.iter().any(|e| e.hole && e.zero), "{ext:?}");
+    // A sub-range: starts mid-hole, ends mid-data.
+    let part = q.allocation(6144, 4096).await.unwrap();
+    assert_eq!(part, [Extent::hole(2048), Extent::data(2048)], "{part:?}");
+
+    // tagstripe's server over memory: zero blocks are holes.
+    let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("m", 16384));
+    mem.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new())
+        .await
+        .unwrap();
+    let (base, _s) = start(NbdServer::new(ServerConfig::default()).export("m", mem)).await;
+    let t = NbdDevice::connect(&format!("{base}/m")).await.unwrap();
+    assert_eq!(
+        t.allocation(0, 16384).await.unwrap(),
+        [Extent::data(8), Extent::hole(16376)]
+    );
+
+    // A volume over both (concatenated): the map joins their answers.
+    let vol = Volume::builder([Arc::new(q) as Arc<dyn BlockDevice>, Arc::new(t)])
+        .interleave(0)
+        .quirks(QuirkSet::empty())
+        .build()
+        .unwrap();
+    let ext = vol.allocation(0, vol.info().sectors).await.unwrap();
+    assert_eq!(
+        ext.iter().map(|e| e.sectors).sum::<u64>(),
+        vol.info().sectors
+    );
+    let data: u64 = ext.iter().filter(|e| !e.zero).map(|e| e.sectors).sum();
+    assert_eq!(data, 2048 + 8, "{ext:?}");
+    drop(peer);
+    let _ = std::fs::remove_dir_all(&dir);
+}

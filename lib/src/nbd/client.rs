@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::client_session::{ClientHandshake, ReplyDecoder, Status};
+use super::client_session::{ClientHandshake, Expect, ReplyDecoder, Status};
 use super::proto::{self, Command, ExportInfo, Request};
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 
@@ -256,9 +256,12 @@ trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
 /// A request waiting for its reply.
+/// What a reply gives its waiter: the data and block-status extents, or why not.
+type Answer = Result<(Bytes, Vec<(u64, u64)>), Failure>;
+
 struct Pending {
-    tx: oneshot::Sender<Result<Bytes, Failure>>,
-    read_len: usize,
+    tx: oneshot::Sender<Answer>,
+    expect: Expect,
 }
 
 enum Failure {
@@ -279,6 +282,8 @@ struct Shared {
     /// so a request is either registered before the reader gives up or refused.
     state: Mutex<State>,
     next: AtomicU64,
+    /// The `base:allocation` context's id, if the server selected it for this connection.
+    allocation: Option<u32>,
 }
 
 /// A block device served by an NBD server (qemu-nbd, nbdkit, nbd-server, rbd-nbd,
@@ -337,15 +342,15 @@ async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInf
     let name = u.to_string();
     let fut = async {
         if let Some(dir) = &u.tls_certificates {
-            let (stream, info, left) = connect_tls(&name, u, dir).await?;
+            let (stream, info, h) = connect_tls(&name, u, dir).await?;
             let (r, w) = tokio::io::split(stream);
             let r: Box<dyn AsyncRead + Send + Unpin> = Box::new(r);
             let w: WriteHalf = Box::new(w);
-            return Ok::<_, Error>((BufReader::with_capacity(256 << 10, r), w, info, left));
+            return Ok::<_, Error>((BufReader::with_capacity(256 << 10, r), w, info, h));
         }
         let (r, w) = u.connect().await?;
         let mut io = tokio::io::join(r, w);
-        let mut h = ClientHandshake::new(&u.export, false);
+        let mut h = ClientHandshake::new(&u.export, false).with_allocation(true);
         let Status::Ready(info) = handshake(&name, &mut h, &mut io).await? else {
             return Err(Error::Protocol {
                 peer: name.clone(),
@@ -353,9 +358,9 @@ async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInf
             });
         };
         let (r, w) = io.into_inner();
-        Ok::<_, Error>((r, w, info, h.take_leftover()))
+        Ok::<_, Error>((r, w, info, h))
     };
-    let (r, w, ei, left) = tokio::time::timeout(config.connect_timeout, fut)
+    let (r, w, ei, mut h) = tokio::time::timeout(config.connect_timeout, fut)
         .await
         .map_err(|_| Error::Timeout {
             device: name.clone(),
@@ -366,12 +371,15 @@ async fn open_conn(u: &NbdUrl, config: &ClientConfig) -> Result<(Conn, ExportInf
         writer: tokio::sync::Mutex::new(w),
         state: Mutex::new(State::default()),
         next: AtomicU64::new(1),
+        allocation: h.allocation_context(),
     });
-    let reader = tokio::spawn(read_replies(
-        Arc::clone(&shared),
-        r,
-        ReplyDecoder::new(left),
-    ));
+    let left = h.take_leftover();
+    let dec = if h.structured() {
+        ReplyDecoder::structured(left)
+    } else {
+        ReplyDecoder::new(left)
+    };
+    let reader = tokio::spawn(read_replies(Arc::clone(&shared), r, dec));
     Ok((Conn { shared, reader }, ei))
 }
 
@@ -492,7 +500,7 @@ impl NbdDevice {
         let _ = w.shutdown().await;
     }
 
-    /// Sends one request and waits for its reply.
+    /// One request, and its reply's data and block-status extents.
     async fn call(
         &self,
         op: &'static str,
@@ -501,7 +509,7 @@ impl NbdDevice {
         start: u64,
         sectors: u64,
         payload: Option<Bytes>,
-    ) -> Result<Bytes> {
+    ) -> Result<(Bytes, Vec<(u64, u64)>)> {
         let length = u32::try_from(sectors * 512).map_err(|_| Error::BadLength {
             device: self.info.name.clone(),
             what: format!("{sectors} sectors in one NBD request"),
@@ -522,7 +530,11 @@ impl NbdDevice {
                     device: format!("{}: {why}", self.info.name),
                 });
             }
-            st.pending.insert(handle, Pending { tx, read_len });
+            let expect = Expect {
+                read_len,
+                offset: start * 512,
+            };
+            st.pending.insert(handle, Pending { tx, expect });
         }
         let req = Request {
             flags,
@@ -589,7 +601,7 @@ async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf, mut dec: ReplyDecode
     let why = 'conn: loop {
         // Every whole reply received so far, then read more.
         loop {
-            let next = dec.next(|h| shared.state.lock().pending.get(&h).map(|p| p.read_len));
+            let next = dec.next(|h| shared.state.lock().pending.get(&h).map(|p| p.expect));
             match next {
                 Ok(Some(reply)) => {
                     let Some(p) = shared.state.lock().pending.remove(&reply.handle) else {
@@ -598,7 +610,7 @@ async fn read_replies(shared: Arc<Shared>, mut r: ReadHalf, mut dec: ReplyDecode
                     let result = if reply.error != 0 {
                         Err(Failure::Errno(reply.error))
                     } else {
-                        Ok(reply.data)
+                        Ok((reply.data, reply.extents))
                     };
                     let _ = p.tx.send(result);
                 }
@@ -627,10 +639,10 @@ async fn connect_tls(
     name: &str,
     u: &NbdUrl,
     dir: &str,
-) -> Result<(Box<dyn Stream>, ExportInfo, BytesMut)> {
+) -> Result<(Box<dyn Stream>, ExportInfo, ClientHandshake)> {
     let config = super::tls::client_config(std::path::Path::new(dir))?;
     let mut raw = u.connect_stream().await?;
-    let mut h = ClientHandshake::new(&u.export, true);
+    let mut h = ClientHandshake::new(&u.export, true).with_allocation(true);
     if handshake(name, &mut h, &mut raw).await? != Status::StartTls {
         return Err(Error::Tls {
             path: name.to_owned(),
@@ -656,7 +668,7 @@ async fn connect_tls(
             what: "a second STARTTLS inside TLS".to_owned(),
         });
     };
-    Ok((Box::new(tls), info, h.take_leftover()))
+    Ok((Box::new(tls), info, h))
 }
 
 #[cfg(not(feature = "tls"))]
@@ -664,7 +676,7 @@ async fn connect_tls(
     name: &str,
     _u: &NbdUrl,
     _dir: &str,
-) -> Result<(Box<dyn Stream>, ExportInfo, BytesMut)> {
+) -> Result<(Box<dyn Stream>, ExportInfo, ClientHandshake)> {
     Err(Error::Unsupported {
         device: name.to_owned(),
         op: "TLS (built without the tls feature)",
@@ -715,11 +727,57 @@ impl BlockDevice for NbdDevice {
         &self.info
     }
 
+    /// Block status on `base:allocation` when the server selected it (qemu-nbd, nbdkit,
+    /// `tagstripe serve`), asked again from where each answer stops; all data otherwise.
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {
+        self.info.check(start, sectors)?;
+        if self.live().await?.shared.allocation.is_none() {
+            return Ok(vec![crate::Extent::data(sectors)]);
+        }
+        let lbs = self.info.limits.lbs_sectors();
+        let mut out = Vec::new();
+        let (mut at, end) = (start, start + sectors);
+        while at < end {
+            let n = (end - at).min(self.pieces32(at, end - at).next().map_or(0, |p| p.1));
+            let (_, ext) = self
+                .call("block-status", Command::BlockStatus, 0, at, n, None)
+                .await?;
+            let mut got = 0;
+            for (len, status) in ext {
+                // Whole blocks (the server keeps to the minimum block; a stray tail is
+                // left to the next question).
+                let secs = (len / 512 / lbs * lbs).min(n - got);
+                if secs == 0 {
+                    break;
+                }
+                let e = crate::Extent {
+                    sectors: secs,
+                    hole: status & u64::from(proto::STATE_HOLE) != 0,
+                    zero: status & u64::from(proto::STATE_ZERO) != 0,
+                };
+                crate::device::push_extent(&mut out, e);
+                got += secs;
+                if got >= n {
+                    break;
+                }
+            }
+            if got == 0 {
+                // No usable answer: say data (always safe) for one block and go on.
+                crate::device::push_extent(&mut out, crate::Extent::data(lbs.min(n)));
+                got = lbs.min(n);
+            }
+            at += got;
+        }
+        Ok(out)
+    }
+
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
         let parts = crate::layers::all(
             self.chunks(start, sectors)
-                .map(|(s, n)| self.call("read", Command::Read, 0, s, n, None)),
+                .map(|(s, n)| async move {
+                    Ok(self.call("read", Command::Read, 0, s, n, None).await?.0)
+                }),
         )
         .await?;
         Ok(crate::layers::gather(parts))

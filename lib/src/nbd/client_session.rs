@@ -46,6 +46,8 @@ enum State {
     Hello,
     StartTlsReply,
     InTls,
+    StructuredReply,
+    MetaContext,
     GoReplies,
     ExportName,
     Done,
@@ -62,6 +64,10 @@ pub struct ClientHandshake {
     no_zeroes: bool,
     info: ExportInfo,
     got_export: bool,
+    /// Ask for structured replies and `base:allocation`.
+    want_allocation: bool,
+    structured: bool,
+    allocation: Option<u32>,
 }
 
 /// Option replies longer than this are a broken or hostile server.
@@ -85,7 +91,31 @@ impl ClientHandshake {
             no_zeroes: false,
             info: ExportInfo::default(),
             got_export: false,
+            want_allocation: false,
+            structured: false,
+            allocation: None,
         }
+    }
+
+    /// Also asks for structured replies and the `base:allocation` metadata context, so that
+    /// the export's holes can be queried with block status (servers that offer neither are
+    /// used as before).
+    #[must_use]
+    pub fn with_allocation(mut self, on: bool) -> Self {
+        self.want_allocation = on;
+        self
+    }
+
+    /// Structured replies were negotiated: decode with [`ReplyDecoder::structured`].
+    #[must_use]
+    pub fn structured(&self) -> bool {
+        self.structured
+    }
+
+    /// The id of the `base:allocation` context, if the server selected it.
+    #[must_use]
+    pub fn allocation_context(&self) -> Option<u32> {
+        self.allocation
     }
 
     /// The bytes to send now (empty if none).
@@ -133,7 +163,7 @@ impl ClientHandshake {
                         self.output.extend_from_slice(&h.encode());
                         self.state = State::StartTlsReply;
                     } else {
-                        self.send_go();
+                        self.after_hello();
                     }
                 }
                 State::StartTlsReply => {
@@ -154,6 +184,49 @@ impl ClientHandshake {
                     return Ok(Status::StartTls);
                 }
                 State::InTls => return Ok(Status::NeedInput),
+                State::StructuredReply => {
+                    let Some((rep, _)) = self.option_reply()? else {
+                        return Ok(Status::NeedInput);
+                    };
+                    if rep.reply == proto::REP_ACK {
+                        self.structured = true;
+                        let data = proto::MetaContextRequest {
+                            name: self.export.clone(),
+                            queries: vec![proto::CONTEXT_BASE_ALLOCATION.to_owned()],
+                        }
+                        .encode();
+                        let h = OptionHeader {
+                            option: proto::OPT_SET_META_CONTEXT,
+                            length: u32::try_from(data.len()).unwrap_or(u32::MAX),
+                        };
+                        self.output.extend_from_slice(&h.encode());
+                        self.output.extend_from_slice(&data);
+                        self.state = State::MetaContext;
+                    } else {
+                        // No structured replies here: plain simple replies, no holes.
+                        self.send_go();
+                    }
+                }
+                State::MetaContext => {
+                    let Some((rep, d)) = self.option_reply()? else {
+                        return Ok(Status::NeedInput);
+                    };
+                    match rep.reply {
+                        proto::REP_META_CONTEXT => {
+                            let (id, name) = proto::parse_meta_context(&d)?;
+                            if name == proto::CONTEXT_BASE_ALLOCATION {
+                                self.allocation = Some(id);
+                            }
+                        }
+                        // Done, or refused (then without block status).
+                        _ => {
+                            if rep.reply != proto::REP_ACK {
+                                self.allocation = None;
+                            }
+                            self.send_go();
+                        }
+                    }
+                }
                 State::GoReplies => {
                     let Some((rep, d)) = self.option_reply()? else {
                         return Ok(Status::NeedInput);
@@ -214,9 +287,24 @@ impl ClientHandshake {
         }
     }
 
-    /// The TLS handshake succeeded: negotiation goes on inside it (`GO` is queued).
+    /// The TLS handshake succeeded: negotiation goes on inside it.
     pub fn tls_established(&mut self) {
         if self.state == State::InTls {
+            self.after_hello();
+        }
+    }
+
+    /// The first option after the greeting (and TLS): structured replies if asked for,
+    /// else `GO`.
+    fn after_hello(&mut self) {
+        if self.want_allocation {
+            let h = OptionHeader {
+                option: proto::OPT_STRUCTURED_REPLY,
+                length: 0,
+            };
+            self.output.extend_from_slice(&h.encode());
+            self.state = State::StructuredReply;
+        } else {
             self.send_go();
         }
     }
@@ -263,24 +351,60 @@ pub struct Reply {
     pub error: u32,
     /// A successful read's data.
     pub data: Bytes,
+    /// A block status reply's extents `(bytes, status)`, of the context asked for.
+    pub extents: Vec<(u64, u64)>,
 }
 
-/// Decodes simple replies from the bytes a server sends; see the [module](self)
-/// documentation.
+/// What a request in flight expects of its reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expect {
+    /// Bytes of data a successful reply carries (a read's length; 0 otherwise).
+    pub read_len: usize,
+    /// The request's offset (structured read chunks say where their data goes by it).
+    pub offset: u64,
+}
+
+/// A structured reply being gathered from its chunks.
+#[derive(Debug, Default)]
+struct Gathering {
+    data: Vec<u8>,
+    extents: Vec<(u64, u64)>,
+    error: u32,
+}
+
+/// Chunk payloads larger than this are a broken or hostile server (the maximum payload is
+/// at most 32 MiB here, plus a chunk's few bytes of header fields).
+const MAX_CHUNK: u64 = (64 << 20) + 64;
+
+/// Decodes replies from the bytes a server sends, simple or (if negotiated) structured;
+/// see the [module](self) documentation.
 #[derive(Debug, Default)]
 pub struct ReplyDecoder {
     input: BytesMut,
     /// A header whose data has not all arrived: handle, error, data length.
     partial: Option<(u64, u32, usize)>,
+    structured: bool,
+    gathering: std::collections::HashMap<u64, Gathering>,
 }
 
 impl ReplyDecoder {
-    /// A decoder, with bytes that arrived during negotiation.
+    /// A decoder of simple replies, with bytes that arrived during negotiation.
     #[must_use]
     pub fn new(leftover: BytesMut) -> Self {
         Self {
             input: leftover,
-            partial: None,
+            ..Self::default()
+        }
+    }
+
+    /// A decoder that also takes structured reply chunks (negotiated with
+    /// `NBD_OPT_STRUCTURED_REPLY`).
+    #[must_use]
+    pub fn structured(leftover: BytesMut) -> Self {
+        Self {
+            input: leftover,
+            structured: true,
+            ..Self::default()
         }
     }
 
@@ -297,6 +421,103 @@ impl ReplyDecoder {
     /// [`WireError`] for a bad magic or a reply to a handle not in flight: the connection
     /// can no longer be decoded.
     pub fn next(
+        &mut self,
+        mut expect: impl FnMut(u64) -> Option<Expect>,
+    ) -> Result<Option<Reply>, WireError> {
+        loop {
+            if self.partial.is_none()
+                && self.structured
+                && self.input.len() >= 4
+                && self.input[..4] == proto::STRUCTURED_REPLY_MAGIC.to_be_bytes()
+            {
+                match self.chunk(&mut expect)? {
+                    Chunked::Reply(r) => return Ok(Some(r)),
+                    Chunked::More => continue,
+                    Chunked::NeedInput => return Ok(None),
+                }
+            }
+            return self.simple(|h| expect(h).map(|e| e.read_len));
+        }
+    }
+
+    /// One structured chunk, if whole: folded into its reply, which is returned when done.
+    fn chunk(
+        &mut self,
+        expect: &mut impl FnMut(u64) -> Option<Expect>,
+    ) -> Result<Chunked, WireError> {
+        use proto::{Chunk, ChunkHeader};
+        if self.input.len() < ChunkHeader::STRUCTURED_LEN {
+            return Ok(Chunked::NeedInput);
+        }
+        let (h, _) = ChunkHeader::parse(&self.input[..ChunkHeader::STRUCTURED_LEN])?;
+        if h.length > MAX_CHUNK {
+            return Err(invalid(format!("a reply chunk of {} bytes", h.length)));
+        }
+        let total = ChunkHeader::STRUCTURED_LEN + h.length as usize;
+        if self.input.len() < total {
+            self.input.reserve(total - self.input.len());
+            return Ok(Chunked::NeedInput);
+        }
+        let e = expect(h.handle)
+            .ok_or_else(|| invalid(format!("reply chunk for unknown handle {:#x}", h.handle)))?;
+        self.input.advance(ChunkHeader::STRUCTURED_LEN);
+        let payload = self.input.split_to(h.length as usize);
+        let g = self.gathering.entry(h.handle).or_default();
+        let place = |offset: u64, len: u64| -> Result<usize, WireError> {
+            let at = offset
+                .checked_sub(e.offset)
+                .filter(|&at| at.saturating_add(len) <= e.read_len as u64)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "read chunk at {offset}+{len} outside the request at {}+{}",
+                        e.offset, e.read_len
+                    ))
+                })?;
+            Ok(at as usize)
+        };
+        match Chunk::parse(h.kind, false, &payload)? {
+            Chunk::None => {}
+            Chunk::OffsetData { offset } => {
+                let data = &payload[8..];
+                let at = place(offset, data.len() as u64)?;
+                if g.data.is_empty() {
+                    g.data = vec![0u8; e.read_len];
+                }
+                g.data[at..at + data.len()].copy_from_slice(data);
+            }
+            Chunk::OffsetHole { offset, size } => {
+                place(offset, size.into())?;
+                if g.data.is_empty() {
+                    g.data = vec![0u8; e.read_len];
+                }
+            }
+            Chunk::BlockStatus { extents, .. } => g.extents = extents,
+            Chunk::Error { error, .. } => {
+                if g.error == 0 {
+                    g.error = error;
+                }
+            }
+        }
+        if h.flags & proto::REPLY_FLAG_DONE == 0 {
+            return Ok(Chunked::More);
+        }
+        let g = self.gathering.remove(&h.handle).unwrap_or_default();
+        let data = if g.error != 0 {
+            Bytes::new()
+        } else if g.data.is_empty() {
+            Bytes::from(vec![0u8; e.read_len])
+        } else {
+            Bytes::from(g.data)
+        };
+        Ok(Chunked::Reply(Reply {
+            handle: h.handle,
+            error: g.error,
+            data,
+            extents: g.extents,
+        }))
+    }
+
+    fn simple(
         &mut self,
         read_len: impl FnOnce(u64) -> Option<usize>,
     ) -> Result<Option<Reply>, WireError> {
@@ -325,8 +546,16 @@ impl ReplyDecoder {
             handle,
             error,
             data,
+            extents: Vec::new(),
         }))
     }
+}
+
+/// What one structured chunk did.
+enum Chunked {
+    NeedInput,
+    More,
+    Reply(Reply),
 }
 
 #[cfg(test)]
@@ -385,6 +614,95 @@ mod tests {
     }
 
     #[test]
+    fn structured_chunks_gather_into_replies() {
+        use proto::{Chunk, ChunkHeader};
+        fn chunk(out: &mut Vec<u8>, handle: u64, done: bool, c: &Chunk, data: &[u8]) {
+            let p = c.encode(false);
+            ChunkHeader {
+                flags: if done { proto::REPLY_FLAG_DONE } else { 0 },
+                kind: c.kind(false),
+                handle,
+                offset: 0,
+                length: (p.len() + data.len()) as u64,
+            }
+            .encode_into(false, out);
+            out.extend_from_slice(&p);
+            out.extend_from_slice(data);
+        }
+        let mut b = Vec::new();
+        // Handle 1: a 2 KiB read at 8192 in two chunks out of order, a hole and data.
+        chunk(
+            &mut b,
+            1,
+            false,
+            &Chunk::OffsetData { offset: 9216 },
+            &[5u8; 1024],
+        );
+        chunk(
+            &mut b,
+            1,
+            false,
+            &Chunk::OffsetHole {
+                offset: 8192,
+                size: 1024,
+            },
+            &[],
+        );
+        chunk(&mut b, 1, true, &Chunk::None, &[]);
+        // Handle 2: block status.
+        let bs = Chunk::BlockStatus {
+            context: 1,
+            extents: vec![(4096, 3), (512, 0)],
+        };
+        chunk(&mut b, 2, true, &bs, &[]);
+        // Handle 3: an error.
+        let e = Chunk::Error {
+            error: 5,
+            message: "bad".to_owned(),
+            offset: None,
+        };
+        chunk(&mut b, 3, true, &e, &[]);
+        let expect = |h: u64| match h {
+            1 => Some(Expect {
+                read_len: 2048,
+                offset: 8192,
+            }),
+            2 | 3 => Some(Expect {
+                read_len: 0,
+                offset: 0,
+            }),
+            _ => None,
+        };
+        for cut in [1, 20, 29, 1000, b.len()] {
+            let mut d = ReplyDecoder::structured(BytesMut::new());
+            let mut got = Vec::new();
+            for part in [&b[..cut], &b[cut..]] {
+                d.input_buffer().extend_from_slice(part);
+                while let Some(r) = d.next(expect).unwrap() {
+                    got.push(r);
+                }
+            }
+            assert_eq!(got.len(), 3, "cut at {cut}");
+            let mut want = vec![0u8; 1024];
+            want.extend_from_slice(&[5u8; 1024]);
+            assert_eq!(got[0].data, want);
+            assert_eq!(got[1].extents, [(4096, 3), (512, 0)]);
+            assert_eq!((got[2].error, got[2].data.len()), (5, 0));
+        }
+        // Data outside the request: refused.
+        let mut bad = Vec::new();
+        chunk(
+            &mut bad,
+            1,
+            true,
+            &Chunk::OffsetData { offset: 0 },
+            &[1u8; 512],
+        );
+        let mut d = ReplyDecoder::structured(BytesMut::from(&bad[..]));
+        assert!(d.next(expect).is_err());
+    }
+
+    #[test]
     fn replies_decode_in_any_split() {
         let mut b = SimpleReply {
             error: 0,
@@ -400,10 +718,16 @@ mod tests {
             }
             .encode(),
         );
-        let lens = |h: u64| match h {
-            1 => Some(1024),
-            2 => Some(512),
-            _ => None,
+        let lens = |h: u64| {
+            let read_len = match h {
+                1 => 1024,
+                2 => 512,
+                _ => return None,
+            };
+            Some(Expect {
+                read_len,
+                offset: 0,
+            })
         };
         for cut in [1, 16, 17, 1040, b.len()] {
             let mut d = ReplyDecoder::new(BytesMut::new());
