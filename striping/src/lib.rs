@@ -47,6 +47,7 @@ mod geometry;
 mod map;
 mod mirror;
 mod render;
+pub mod superblock;
 
 pub use error::{Errno, Error};
 pub use geometry::{

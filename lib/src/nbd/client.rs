@@ -773,12 +773,9 @@ impl BlockDevice for NbdDevice {
 
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let parts = crate::layers::all(
-            self.chunks(start, sectors)
-                .map(|(s, n)| async move {
-                    Ok(self.call("read", Command::Read, 0, s, n, None).await?.0)
-                }),
-        )
+        let parts = crate::layers::all(self.chunks(start, sectors).map(|(s, n)| async move {
+            Ok(self.call("read", Command::Read, 0, s, n, None).await?.0)
+        }))
         .await?;
         Ok(crate::layers::gather(parts))
     }
