@@ -133,6 +133,10 @@ pub enum Error {
         /// What went wrong.
         what: String,
     },
+    /// The components' metadata refuses the volume (a component from another volume, in
+    /// another order, of another geometry, torn beyond repair, or stale with no copy).
+    #[error("volume metadata: {0}")]
+    Metadata(#[from] tagstripe_striping::superblock::MetadataError),
     /// TLS credentials that cannot be used, or a TLS handshake that failed.
     #[error("TLS: {path}: {what}")]
     Tls {
@@ -243,6 +247,7 @@ impl Error {
             Self::Nbd { errno, .. } => i32::try_from(*errno).unwrap_or(libc::EIO),
             Self::Protocol { .. } => libc::EPROTO,
             Self::Tls { .. } => libc::EACCES,
+            Self::Metadata(_) => libc::EUCLEAN,
             Self::Timeout { .. } => libc::ETIMEDOUT,
             Self::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
             Self::Component { .. } => libc::EIO,

@@ -50,6 +50,7 @@ mod backend;
 mod device;
 mod error;
 mod layers;
+mod metadata;
 #[cfg(feature = "nbd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;

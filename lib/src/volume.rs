@@ -63,6 +63,7 @@ pub struct VolumeBuilder {
     fair: FairConfig,
     queue: bool,
     layers: Layers,
+    metadata: bool,
 }
 
 /// A wrapper a volume puts around each of its components (tower's `Layer`, for block
@@ -96,6 +97,57 @@ impl std::fmt::Debug for Layers {
 }
 
 impl VolumeBuilder {
+    /// Keeps metadata at the end of each component (two checksummed copies in its last
+    /// 16 sectors, as md's superblock 1.0 sits at the end): the volume's identity, each
+    /// component's role and the geometry, and which mirror sides are stale, so that after a
+    /// restart a side dropped for a failed write is never read. The geometry is built on
+    /// the sizes less those sectors (the data area still starts at sector 0, ccd-exact).
+    /// Such a volume is opened with [`open`](Self::open).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bytes::Bytes;
+    /// use tagstripe::striping::Flavor;
+    /// use tagstripe::{BlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
+    /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+    /// let a = Arc::new(FaultDevice::new(MemDevice::new("a", 4096)));
+    /// let b = Arc::new(MemDevice::new("b", 4096));
+    /// let mirror = || Volume::builder([a.clone() as Arc<dyn BlockDevice>, b.clone()])
+    ///     .flavor(Flavor::FreeBsd).mirror(true).metadata(true);
+    /// let v = mirror().open().await?;
+    /// a.inject(Fault::always(FaultOp::Write, FaultKind::Error));
+    /// v.write(0, Bytes::from(vec![2u8; 4096]), IoOpts::new()).await?; // side 0 dropped
+    /// drop(v);
+    /// a.clear();
+    /// let v = mirror().open().await?; // side 0 is known stale: never read
+    /// assert_eq!(v.degraded(), [0]);
+    /// assert_eq!(v.read(0, 8, IoOpts::new()).await?, vec![2u8; 4096]);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn metadata(mut self, on: bool) -> Self {
+        self.metadata = on;
+        self
+    }
+
+    /// Builds the volume and opens its metadata (with [`metadata`](Self::metadata) on):
+    /// components that carry none make a new volume (its first copies written); otherwise
+    /// the highest event count wins and stale sides are never read.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build), and [`crate::Error::Metadata`] for components from
+    /// another volume, in another order or of another geometry (named), or a stale member
+    /// of a volume without a mirror; I/O errors on a component.
+    pub async fn open(self) -> Result<Volume> {
+        let metadata = self.metadata;
+        let vol = self.assemble()?;
+        if metadata {
+            crate::metadata::open(&vol.striped).await?;
+        }
+        Ok(vol)
+    }
+
     /// Wraps every component in `layer` (see [`Layer`]); called once per component, in
     /// order, when the volume is built.
     ///
@@ -240,6 +292,16 @@ impl VolumeBuilder {
     /// A geometry ccd refuses ([`crate::Error::Geometry`]), limits that do not validate or
     /// stack ([`crate::Error::Limits`]).
     pub fn build(self) -> Result<Volume> {
+        if self.metadata {
+            return Err(crate::Error::BadLength {
+                device: self.name,
+                what: "a volume with metadata must read it first: use open().await".to_owned(),
+            });
+        }
+        self.assemble()
+    }
+
+    fn assemble(self) -> Result<Volume> {
         // The user's layers first: the volume is built on what they return.
         let layers = &self.layers.0;
         let components: Vec<Arc<dyn BlockDevice>> = self
@@ -248,7 +310,16 @@ impl VolumeBuilder {
             .enumerate()
             .map(|(i, c)| layers.iter().fold(c, |dev, l| l.layer(i, dev)))
             .collect();
-        let sizes: Vec<u64> = components.iter().map(|c| c.info().sectors).collect();
+        // With metadata, each component gives up its last sectors to it.
+        let keep = if self.metadata {
+            tagstripe_striping::superblock::RESERVED_SECTORS
+        } else {
+            0
+        };
+        let sizes: Vec<u64> = components
+            .iter()
+            .map(|c| c.info().sectors.saturating_sub(keep))
+            .collect();
         let sector_size = components
             .iter()
             .map(|c| c.info().limits.logical_block_size)
@@ -344,6 +415,7 @@ impl Volume {
             fair: FairConfig::default(),
             queue: true,
             layers: Layers::default(),
+            metadata: false,
         }
     }
 

@@ -43,6 +43,9 @@ pub struct Striped {
     failed: Vec<AtomicBool>,
     /// Serialises dropping sides, so concurrent pieces never drop both sides of a pair.
     dropping: Mutex<()>,
+    /// The on-disk metadata, when the volume keeps it: a dropped side is recorded there
+    /// before the write that dropped it is acknowledged.
+    keeper: std::sync::OnceLock<crate::metadata::Keeper>,
 }
 
 impl Striped {
@@ -96,6 +99,7 @@ impl Striped {
             reads: Mutex::new(ReadBalancer::new(&geometry, policy)),
             failed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             dropping: Mutex::new(()),
+            keeper: std::sync::OnceLock::new(),
             info,
             geometry,
             components,
@@ -126,8 +130,24 @@ impl Striped {
             .collect()
     }
 
-    fn is_failed(&self, i: usize) -> bool {
+    pub(crate) fn is_failed(&self, i: usize) -> bool {
         self.failed[i].load(Ordering::Relaxed)
+    }
+
+    /// Marks component `i` as holding stale data (from the metadata, at open): never read,
+    /// no longer written.
+    pub(crate) fn mark_failed(&self, i: usize) {
+        self.failed[i].store(true, Ordering::Relaxed);
+    }
+
+    /// The metadata keeper, if the volume keeps metadata.
+    pub(crate) fn keeper(&self) -> Option<&crate::metadata::Keeper> {
+        self.keeper.get()
+    }
+
+    /// Keeps the volume's metadata from now on.
+    pub(crate) fn keep(&self, k: crate::metadata::Keeper) {
+        let _ = self.keeper.set(k);
     }
 
     /// The side to read a piece from first, and the other side, if any: a failed side is
@@ -174,6 +194,7 @@ impl Striped {
         let results = futures_util::future::join_all(targets.iter().map(|&c| op(c))).await;
         let ok = results.iter().filter(|r| r.is_ok()).count();
         let mut first_err = None;
+        let mut dropped_any = false;
         for (&c, r) in targets.iter().zip(results) {
             let Err(e) = r else { continue };
             let partner = match p.mirror {
@@ -201,8 +222,16 @@ impl Striped {
                         true
                     }
                 });
+            dropped_any |= dropped;
             if !dropped && first_err.is_none() {
                 first_err = Some(component(c, Some(p.lblk), e));
+            }
+        }
+        if dropped_any && first_err.is_none() {
+            if let Some(k) = self.keeper.get() {
+                // Durably degraded before this write is acknowledged: after a restart the
+                // dropped side is known stale, whatever happens next.
+                k.persist(self).await?;
             }
         }
         first_err.map_or(Ok(()), Err)
