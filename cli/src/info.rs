@@ -29,10 +29,11 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
     let is_block = std::fs::metadata(&args.path)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false);
-    let url = args
-        .path
-        .to_str()
-        .filter(|p| p.starts_with("nbd://") || p.starts_with("nbd+unix://"));
+    let url = args.path.to_str().filter(|p| {
+        ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
+            .iter()
+            .any(|s| p.starts_with(s))
+    });
     // An NBD export is asked over the network; the runtime lives as long as the device.
     let rt = match url.map(|_| {
         tokio::runtime::Builder::new_current_thread()
@@ -77,6 +78,17 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("info", "bad_override", &e, args.json),
     };
+    // The metadata a volume keeps at the end of its components, if any.
+    let meta = match &rt {
+        Some(rt) => rt.block_on(tagstripe::component_metadata(dev.as_ref())),
+        None => match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(tagstripe::component_metadata(dev.as_ref())),
+            Err(e) => return fail("info", "runtime", &e.to_string(), args.json),
+        },
+    };
     let info = dev.info();
     let resolved = set.resolve(&info.identity);
     let applied = match resolved.settings.apply(&info.limits) {
@@ -97,6 +109,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
                 "physical_block_size": info.limits.physical_block_size,
                 "hardware_limits": limits_json(&info.limits),
                 "quirks": q,
+                "metadata": metadata_json(&meta),
             })
         );
         return ExitCode::SUCCESS;
@@ -115,6 +128,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         info.limits.physical_block_size
     );
     outln!("identity: {}", info.identity);
+    outln!("{}", metadata_line(&meta));
     let l = &info.limits;
     outln!(
         "hardware: max_hw_sectors {} max_sectors {} max_segments {} chunk {} discard {} tags {}",
@@ -154,4 +168,57 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         outln!("warning: {w}");
     }
     ExitCode::SUCCESS
+}
+
+type Meta = tagstripe::Result<Option<tagstripe::striping::superblock::Superblock>>;
+
+fn uuid_hex(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn side_name(s: tagstripe::striping::superblock::Side) -> &'static str {
+    use tagstripe::striping::superblock::Side;
+    match s {
+        Side::InSync => "in-sync",
+        Side::Failed => "failed",
+        Side::Resyncing => "resyncing",
+    }
+}
+
+/// The component's metadata in one line.
+fn metadata_line(m: &Meta) -> String {
+    match m {
+        Ok(None) => "metadata: none".to_owned(),
+        Ok(Some(sb)) => format!(
+            "metadata: volume {}, component {} of {}, events {}, {}, sides [{}], data {} sectors",
+            uuid_hex(&sb.uuid),
+            sb.role,
+            sb.sides.len(),
+            sb.events,
+            if sb.dirty { "dirty" } else { "clean" },
+            sb.sides
+                .iter()
+                .map(|&s| side_name(s))
+                .collect::<Vec<_>>()
+                .join(", "),
+            sb.data_sectors
+        ),
+        Err(e) => format!("metadata: unreadable: {e}"),
+    }
+}
+
+fn metadata_json(m: &Meta) -> serde_json::Value {
+    match m {
+        Ok(None) => serde_json::Value::Null,
+        Ok(Some(sb)) => json!({
+            "volume": uuid_hex(&sb.uuid),
+            "role": sb.role,
+            "components": sb.sides.len(),
+            "events": sb.events,
+            "dirty": sb.dirty,
+            "sides": sb.sides.iter().map(|&s| side_name(s)).collect::<Vec<_>>(),
+            "data_sectors": sb.data_sectors,
+        }),
+        Err(e) => json!({"error": e.to_string()}),
+    }
 }

@@ -53,6 +53,15 @@ pub(crate) struct ServeArgs {
     /// the flavor's.
     #[arg(long)]
     reserved: Option<u64>,
+    /// Metadata at the end of each component (its last 16 sectors): `end` records which
+    /// mirror side is stale so that it is never read after a restart; `none` keeps the
+    /// components exactly as ccd lays them out. Default: `end` with --mirror, else `none`.
+    #[arg(long, value_parser = ["end", "none"])]
+    metadata: Option<String>,
+    /// With --mirror and --metadata none: the sides are known to be identical (as mdadm's
+    /// --assume-clean); without metadata nothing could tell a stale side after a restart.
+    #[arg(long)]
+    assume_clean: bool,
     /// Export read-only.
     #[arg(long)]
     read_only: bool,
@@ -106,6 +115,11 @@ fn parse_class(s: &str) -> Result<IoClass, String> {
     .into_iter()
     .find(|c| c.name() == s)
     .ok_or_else(|| format!("{s:?}: expected interactive, best-effort, bulk or idle"))
+}
+
+/// A warning on standard error (standard output may be the protocol's, with --listen -).
+fn say_err(msg: &str) {
+    eprintln!("tagstripe serve: {msg}");
 }
 
 fn parse_tls(s: &str) -> Result<TlsPolicy, String> {
@@ -165,7 +179,30 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         if let Some(m) = args.mirror_reads {
             b = b.mirror_reads(m);
         }
-        let vol = b.build();
+        let metadata = match args.metadata.as_deref() {
+            Some("end") => true,
+            Some(_) => false,
+            None => args.mirror,
+        };
+        if args.mirror && !metadata && !args.assume_clean {
+            return crate::fail(
+                "serve",
+                "bad_option",
+                "--mirror with --metadata none keeps no record of a stale side: after a restart \
+                 a side that missed writes would be read; use --metadata end (the default), \
+                 or --assume-clean if the sides are known to be identical",
+                false,
+            );
+        }
+        let vol = b.metadata(metadata).open().await;
+        if let Ok(v) = &vol {
+            for side in v.degraded() {
+                say_err(&format!(
+                    "mirror side {side} is stale (its metadata is behind the volume's): it is \
+                     not read; the volume serves degraded"
+                ));
+            }
+        }
         match vol {
             Ok(v) => {
                 let v = Arc::new(v);

@@ -491,3 +491,71 @@ fn serve_mirror_with_geometry_flags() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The mirror that forgot which side was stale, fixed: side 0 an nbdkit export behind the
+/// error filter (writes fail while a trigger file exists), side 1 a file. Write A, arm the
+/// trigger, write B (side 0 is dropped, every write succeeds), stop; disarm, serve again on
+/// the same components: side 0 is announced stale, and everything reads B, though side 0
+/// itself still holds A.
+#[test]
+fn serve_mirror_remembers_a_stale_side_across_a_restart() {
+    if !have("nbdkit") || !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("mirror-restart");
+    let trigger = dir.join("trigger");
+    let kit = peers::nbdkit(&[
+        "--filter=error",
+        "memory",
+        "16M",
+        "error-pwrite-rate=100%",
+        &format!("error-pwrite-file={}", trigger.display()),
+    ]);
+    let side1 = dir.join("side1.img");
+    std::fs::File::create(&side1)
+        .and_then(|f| f.set_len(16 << 20))
+        .unwrap();
+    let side0 = format!("nbd://127.0.0.1:{}/", kit.port);
+    let args = [
+        "--flavor",
+        "freebsd",
+        "--mirror",
+        "--no-offset",
+        "--interleave",
+        "16",
+        side0.as_str(),
+        side1.to_str().unwrap(),
+    ];
+    // 16 MiB less the 16 sectors of metadata.
+    let size = (16 << 20) - 16 * 512;
+    let s = Serve::start(&args);
+    qemu_io(&s.url, &[format!("write -P 0xaa 0 {size}")]);
+    std::fs::write(&trigger, b"").unwrap();
+    qemu_io(
+        &s.url,
+        &[format!("write -P 0xbb 0 {size}"), "flush".to_owned()],
+    );
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    std::fs::remove_file(&trigger).unwrap();
+
+    let s = Serve::start(&args);
+    qemu_io(&s.url, &[format!("read -P 0xbb 0 {size}")]);
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    assert!(err.contains("mirror side 0 is stale"), "{err}");
+    // Side 0 itself still holds A: it was never read.
+    qemu_io(&side0, &["read -P 0xaa 0 1M".to_owned()]);
+    // `info` shows side 1's metadata: side 0 failed.
+    let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args(["info", side1.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("component 1 of 2") && text.contains("sides [failed, in-sync]"),
+        "{text}"
+    );
+    drop(kit);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -68,6 +68,7 @@ pub use backend::{
 pub use device::{BlockDevice, DeviceInfo, Extent, IoOpts, Zeroes};
 pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
+pub use metadata::component_metadata;
 pub use open::{OpenOptions, open};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};

@@ -18,8 +18,29 @@ fn area(dev: &dyn BlockDevice) -> u64 {
         .saturating_sub(superblock::RESERVED_SECTORS)
 }
 
+/// The metadata a component carries (see [`crate::VolumeBuilder::metadata`]): its newest
+/// valid copy, `None` if it carries none.
+///
+/// ```
+/// use tagstripe::{component_metadata, MemDevice};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// assert_eq!(component_metadata(&MemDevice::new("m", 64)).await?, None);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+///
+/// # Errors
+/// I/O errors reading the component's last 16 sectors; [`Error::Metadata`] if both copies
+/// are there but neither is usable (torn or corrupt).
+pub async fn component_metadata(dev: &dyn BlockDevice) -> Result<Option<Superblock>> {
+    read(dev).await
+}
+
 /// The newest valid copy on `dev`, `None` if it carries none.
 pub(crate) async fn read(dev: &dyn BlockDevice) -> Result<Option<Superblock>> {
+    if dev.info().sectors < superblock::RESERVED_SECTORS {
+        return Ok(None);
+    }
     let at = area(dev);
     let b = dev
         .read(at, superblock::RESERVED_SECTORS, IoOpts::new())

@@ -11,13 +11,8 @@ use tagstripe::{
     BlockDevice, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume,
 };
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+mod common;
+use common::rt;
 
 const SECTORS: u64 = 8192;
 

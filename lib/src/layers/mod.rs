@@ -10,7 +10,6 @@ pub use striped::Striped;
 
 use std::future::Future;
 
-use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
 
 use crate::Result;
@@ -25,14 +24,3 @@ where
     join_all(pieces).await.into_iter().collect()
 }
 
-/// Joins read pieces in order: the piece itself when there is one (no copy).
-pub(crate) fn gather(mut parts: Vec<Bytes>) -> Bytes {
-    if parts.len() == 1 {
-        return parts.pop().unwrap_or_default();
-    }
-    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
-    for p in parts {
-        out.extend_from_slice(&p);
-    }
-    out.freeze()
-}

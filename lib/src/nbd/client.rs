@@ -777,7 +777,7 @@ impl BlockDevice for NbdDevice {
             Ok(self.call("read", Command::Read, 0, s, n, None).await?.0)
         }))
         .await?;
-        Ok(crate::layers::gather(parts))
+        Ok(gather(parts))
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
@@ -854,6 +854,18 @@ impl BlockDevice for NbdDevice {
         }
         Ok(())
     }
+}
+
+/// Joins read pieces in order: the piece itself when there is one (no copy).
+fn gather(mut parts: Vec<Bytes>) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut out = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for p in parts {
+        out.extend_from_slice(&p);
+    }
+    out.freeze()
 }
 
 #[cfg(test)]

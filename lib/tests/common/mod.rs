@@ -84,3 +84,12 @@ pub fn make_loop_with(
     let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned());
     Ok(Loop { dev, file })
 }
+
+/// A two-worker runtime with time and I/O, for tests that block on async code.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
