@@ -23,4 +23,3 @@ where
 {
     join_all(pieces).await.into_iter().collect()
 }
-
