@@ -62,6 +62,8 @@ pub(crate) struct Keeper {
     uuid: [u8; 16],
     fingerprint: u64,
     events: tokio::sync::Mutex<u64>,
+    /// The dropped sides as last written durably (empty before the first write).
+    written: parking_lot::Mutex<Vec<bool>>,
 }
 
 impl Keeper {
@@ -70,7 +72,15 @@ impl Keeper {
             uuid,
             fingerprint,
             events: tokio::sync::Mutex::new(events),
+            written: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether the sides dropped in memory differ from what was last written durably (a
+    /// persist that failed): then no write may be acknowledged until it is written.
+    pub(crate) fn behind(&self, s: &Striped) -> bool {
+        let w = self.written.lock();
+        (0..s.components().len()).any(|i| w.get(i).copied().unwrap_or(false) != s.is_failed(i))
     }
 
     /// Writes the volume's present state (which sides are dropped) to every live component
@@ -83,6 +93,7 @@ impl Keeper {
         let mut events = self.events.lock().await;
         let next = *events + 1;
         let n = s.components().len();
+        let failed: Vec<bool> = (0..n).map(|i| s.is_failed(i)).collect();
         let sides: Vec<Side> = (0..n)
             .map(|i| {
                 if s.is_failed(i) {
@@ -113,6 +124,7 @@ impl Keeper {
             })?;
         }
         *events = next;
+        *self.written.lock() = failed;
         tracing::info!(
             target: "tagstripe::mirror",
             volume = %s.info().name,
@@ -122,6 +134,12 @@ impl Keeper {
         );
         Ok(())
     }
+}
+
+/// The mirror partner of component `i` (ccd mirrors the first half onto the second).
+fn partner(s: &Striped, i: usize) -> usize {
+    let half = s.components().len() / 2;
+    if i < half { i + half } else { i - half }
 }
 
 /// A new volume's identity: 16 bytes from the process's random hashing keys, the time and
@@ -188,9 +206,28 @@ pub(crate) async fn open(s: &Striped) -> Result<()> {
             s.keep(Keeper::new(uuid, fingerprint, events));
         }
     }
-    // Write the state found (or the new volume's first copies) before serving.
-    if let Some(k) = s.keeper() {
-        k.persist(s).await?;
+    // Write the state found (or the new volume's first copies) before serving. A mirror
+    // side that cannot take it is dropped (recorded on its partner) as a failed write would
+    // be; with no side left to record on, the volume does not open.
+    let Some(k) = s.keeper() else {
+        return Ok(());
+    };
+    loop {
+        match k.persist(s).await {
+            Ok(()) => return Ok(()),
+            Err(Error::Component {
+                component, source, ..
+            }) if s.geometry().is_mirror() && !s.is_failed(partner(s, component)) => {
+                tracing::warn!(
+                    target: "tagstripe::mirror",
+                    volume = %s.info().name,
+                    component,
+                    error = %source,
+                    "mirror side dropped at open: it cannot take the volume's metadata"
+                );
+                s.mark_failed(component);
+            }
+            Err(e) => return Err(e),
+        }
     }
-    Ok(())
 }

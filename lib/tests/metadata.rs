@@ -153,3 +153,122 @@ fn a_torn_copy_falls_back_and_a_blank_stripe_member_is_refused() {
         assert!(e.to_string().contains("stale"), "{e}");
     });
 }
+
+/// Every sector not marked unknown reads back as the model says.
+async fn check(v: &Volume, model: &[u8], unknown: &[bool]) {
+    let total = v.info().sectors;
+    let all = v.read(0, total, IoOpts::new()).await.unwrap();
+    for sec in 0..total as usize {
+        if !unknown[sec] {
+            assert!(
+                all[sec * 512..sec * 512 + 512] == model[sec * 512..sec * 512 + 512],
+                "sector {sec} lost"
+            );
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Write(u64, u64, u8),
+    /// Side `n` fails every write from now on.
+    Fail(usize),
+    /// Side `n` works again (a dropped side stays dropped: there is no resync yet).
+    Heal(usize),
+    /// The volume is dropped and opened again on the same components.
+    Restart,
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    let step = prop_oneof![
+        5 => (any::<u64>(), 1u64..64, any::<u8>()).prop_map(|(s, n, b)| Step::Write(s, n, b)),
+        1 => (0usize..2).prop_map(Step::Fail),
+        1 => (0usize..2).prop_map(Step::Heal),
+        1 => Just(Step::Restart),
+    ];
+    proptest::collection::vec(step, 1..40)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+    /// Any sequence of side failures, heals, writes and restarts: every acknowledged write
+    /// reads back, after every restart and at the end; a side never comes back by itself.
+    #[test]
+    fn acknowledged_writes_survive_failures_and_restarts(steps in steps()) {
+        rt().block_on(async move {
+            let sides = [
+                Arc::new(FaultDevice::new(MemDevice::new("a", 1024))),
+                Arc::new(FaultDevice::new(MemDevice::new("b", 1024))),
+            ];
+            let open = || async {
+                Volume::builder([sides[0].clone() as Arc<dyn BlockDevice>, sides[1].clone()])
+                    .flavor(Flavor::FreeBsd)
+                    .no_offset(true)
+                    .mirror(true)
+                    .interleave(16)
+                    .metadata(true)
+                    .open()
+                    .await
+            };
+            let mut v = open().await.unwrap();
+            let total = v.info().sectors;
+            let mut model = vec![0u8; total as usize * 512];
+            let mut unknown = vec![false; total as usize];
+            let mut failing = [false; 2];
+            for step in steps {
+                match step {
+                    Step::Write(s, n, seed) => {
+                        let s = s % total;
+                        let n = n.min(total - s);
+                        let data = vec![seed; n as usize * 512];
+                        let range = s as usize..(s + n) as usize;
+                        match v.write(s, Bytes::from(data.clone()), IoOpts::new()).await {
+                            Ok(()) => {
+                                model[range.start * 512..range.end * 512].copy_from_slice(&data);
+                                unknown[range].fill(false);
+                            }
+                            Err(_) => unknown[range].fill(true),
+                        }
+                    }
+                    Step::Fail(i) => {
+                        sides[i].inject(Fault::always(FaultOp::Write, FaultKind::Error));
+                        failing[i] = true;
+                    }
+                    Step::Heal(i) => {
+                        sides[i].clear();
+                        failing[i] = false;
+                    }
+                    Step::Restart => {
+                        let degraded = v.degraded();
+                        drop(v);
+                        // It opens unless no side can take the metadata.
+                        v = match open().await {
+                            Ok(v) => v,
+                            Err(e) => {
+                                let writable = (0..2).any(|i| !failing[i] && !degraded.contains(&i));
+                                assert!(!writable, "did not open with a writable side: {e}");
+                                for (i, s) in sides.iter().enumerate() {
+                                    s.clear();
+                                    failing[i] = false;
+                                }
+                                open().await.unwrap()
+                            }
+                        };
+                        for d in degraded {
+                            assert!(v.degraded().contains(&d), "side {d} came back by itself");
+                        }
+                        check(&v, &model, &unknown).await;
+                    }
+                }
+            }
+            for s in &sides {
+                s.clear();
+            }
+            check(&v, &model, &unknown).await;
+            drop(v);
+            let v = open().await.unwrap();
+            check(&v, &model, &unknown).await;
+        });
+    }
+}

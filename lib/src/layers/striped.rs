@@ -227,11 +227,14 @@ impl Striped {
                 first_err = Some(component(c, Some(p.lblk), e));
             }
         }
-        if dropped_any && first_err.is_none() {
+        if first_err.is_none() {
             if let Some(k) = self.keeper.get() {
                 // Durably degraded before this write is acknowledged: after a restart the
-                // dropped side is known stale, whatever happens next.
-                k.persist(self).await?;
+                // dropped side is known stale, whatever happens next. A record that failed
+                // to be written before is tried again: until it is, nothing is acknowledged.
+                if dropped_any || k.behind(self) {
+                    k.persist(self).await?;
+                }
             }
         }
         first_err.map_or(Ok(()), Err)
