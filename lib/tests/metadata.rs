@@ -16,13 +16,18 @@ use common::rt;
 
 const SECTORS: u64 = 8192;
 
-fn mirror(a: &Arc<FaultDevice<MemDevice>>, b: &Arc<MemDevice>) -> tagstripe::VolumeBuilder {
-    Volume::builder([a.clone() as Arc<dyn BlockDevice>, b.clone()])
+/// A FreeBSD mirror with metadata over two sides, in this order.
+fn mirror_of(x: Arc<dyn BlockDevice>, y: Arc<dyn BlockDevice>) -> tagstripe::VolumeBuilder {
+    Volume::builder([x, y])
         .flavor(Flavor::FreeBsd)
         .no_offset(true)
         .mirror(true)
         .interleave(16)
         .metadata(true)
+}
+
+fn mirror(a: &Arc<FaultDevice<MemDevice>>, b: &Arc<MemDevice>) -> tagstripe::VolumeBuilder {
+    mirror_of(a.clone(), b.clone())
 }
 
 #[test]
@@ -76,29 +81,13 @@ fn components_that_do_not_belong_are_refused_by_name() {
         let b = Arc::new(MemDevice::new("b", SECTORS));
         drop(mirror(&a, &b).open().await.unwrap());
         // Swapped.
-        let swapped = Volume::builder([b.clone() as Arc<dyn BlockDevice>, a.clone()])
-            .flavor(Flavor::FreeBsd)
-            .no_offset(true)
-            .mirror(true)
-            .interleave(16)
-            .metadata(true)
-            .open()
-            .await
-            .unwrap_err();
+        let swapped = mirror_of(b.clone(), a.clone()).open().await.unwrap_err();
         assert!(swapped.to_string().contains("another order"), "{swapped}");
         // From another volume.
         let c = Arc::new(FaultDevice::new(MemDevice::new("c", SECTORS)));
         let d = Arc::new(MemDevice::new("d", SECTORS));
         drop(mirror(&c, &d).open().await.unwrap());
-        let mixed = Volume::builder([a.clone() as Arc<dyn BlockDevice>, d.clone()])
-            .flavor(Flavor::FreeBsd)
-            .no_offset(true)
-            .mirror(true)
-            .interleave(16)
-            .metadata(true)
-            .open()
-            .await
-            .unwrap_err();
+        let mixed = mirror_of(a.clone(), d.clone()).open().await.unwrap_err();
         assert!(
             matches!(&mixed, Error::Metadata(_))
                 && mixed
@@ -202,12 +191,7 @@ proptest::proptest! {
                 Arc::new(FaultDevice::new(MemDevice::new("b", 1024))),
             ];
             let open = || async {
-                Volume::builder([sides[0].clone() as Arc<dyn BlockDevice>, sides[1].clone()])
-                    .flavor(Flavor::FreeBsd)
-                    .no_offset(true)
-                    .mirror(true)
-                    .interleave(16)
-                    .metadata(true)
+                mirror_of(sides[0].clone(), sides[1].clone())
                     .open()
                     .await
             };

@@ -181,58 +181,46 @@ impl NbdUrl {
             .to_owned()
     }
 
-    /// Connects the stream the URL names, whole (for a TLS upgrade).
-    #[cfg(feature = "tls")]
-    async fn connect_stream(&self) -> Result<Box<dyn Stream>> {
+    /// Connects the stream the URL names: a Unix socket, or TCP with Nagle off.
+    async fn connect_raw(&self) -> Result<Raw> {
+        let addr = self.socket.as_ref().unwrap_or(&self.addr);
+        let refused = |source| Error::Connect {
+            addr: addr.clone(),
+            source,
+        };
         Ok(match &self.socket {
-            Some(path) => {
-                Box::new(
-                    UnixStream::connect(path)
-                        .await
-                        .map_err(|source| Error::Connect {
-                            addr: path.clone(),
-                            source,
-                        })?,
-                )
-            }
+            Some(path) => Raw::Unix(UnixStream::connect(path).await.map_err(refused)?),
             None => {
-                let s = TcpStream::connect(&self.addr)
-                    .await
-                    .map_err(|source| Error::Connect {
-                        addr: self.addr.clone(),
-                        source,
-                    })?;
+                let s = TcpStream::connect(&self.addr).await.map_err(refused)?;
                 let _ = s.set_nodelay(true);
-                Box::new(s)
+                Raw::Tcp(s)
             }
         })
     }
 
-    /// Connects the stream the URL names, split into its two sides.
+    /// Connects the stream the URL names, whole (for a TLS upgrade).
+    #[cfg(feature = "tls")]
+    async fn connect_stream(&self) -> Result<Box<dyn Stream>> {
+        Ok(match self.connect_raw().await? {
+            Raw::Unix(s) => Box::new(s),
+            Raw::Tcp(s) => Box::new(s),
+        })
+    }
+
+    /// Connects the stream the URL names, split into its two sides (without a lock between
+    /// them).
     async fn connect(&self) -> Result<(ReadHalf, WriteHalf)> {
-        let (r, w): (Box<dyn AsyncRead + Send + Unpin>, WriteHalf) = match &self.socket {
-            Some(path) => {
-                let s = UnixStream::connect(path)
-                    .await
-                    .map_err(|source| Error::Connect {
-                        addr: path.clone(),
-                        source,
-                    })?;
-                let (r, w) = s.into_split();
-                (Box::new(r), Box::new(w))
-            }
-            None => {
-                let s = TcpStream::connect(&self.addr)
-                    .await
-                    .map_err(|source| Error::Connect {
-                        addr: self.addr.clone(),
-                        source,
-                    })?;
-                let _ = s.set_nodelay(true);
-                let (r, w) = s.into_split();
-                (Box::new(r), Box::new(w))
-            }
-        };
+        let (r, w): (Box<dyn AsyncRead + Send + Unpin>, WriteHalf) =
+            match self.connect_raw().await? {
+                Raw::Unix(s) => {
+                    let (r, w) = s.into_split();
+                    (Box::new(r), Box::new(w))
+                }
+                Raw::Tcp(s) => {
+                    let (r, w) = s.into_split();
+                    (Box::new(r), Box::new(w))
+                }
+            };
         Ok((BufReader::with_capacity(256 << 10, r), w))
     }
 }
@@ -249,6 +237,12 @@ impl std::fmt::Display for NbdUrl {
             None => write!(f, "nbd{s}://{}/{}", self.addr, self.export),
         }
     }
+}
+
+/// A connected socket, before any TLS.
+enum Raw {
+    Unix(UnixStream),
+    Tcp(TcpStream),
 }
 
 /// A byte stream a connection runs on (TCP, a Unix socket, TLS over either).

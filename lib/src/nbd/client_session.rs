@@ -368,8 +368,24 @@ pub struct Expect {
 #[derive(Debug, Default)]
 struct Gathering {
     data: Vec<u8>,
+    /// The whole read in one data chunk (the common case): its bytes as received, no copy.
+    whole: Option<Bytes>,
     extents: Vec<(u64, u64)>,
     error: u32,
+}
+
+impl Gathering {
+    /// The read's buffer, made (zeroed, with a whole chunk already received copied in) on
+    /// first use.
+    fn buffer(&mut self, len: usize) -> &mut [u8] {
+        if self.data.is_empty() {
+            self.data = vec![0u8; len];
+            if let Some(w) = self.whole.take() {
+                self.data.copy_from_slice(&w);
+            }
+        }
+        &mut self.data
+    }
 }
 
 /// Chunk payloads larger than this are a broken or hostile server (the maximum payload is
@@ -461,7 +477,7 @@ impl ReplyDecoder {
         let e = expect(h.handle)
             .ok_or_else(|| invalid(format!("reply chunk for unknown handle {:#x}", h.handle)))?;
         self.input.advance(ChunkHeader::STRUCTURED_LEN);
-        let payload = self.input.split_to(h.length as usize);
+        let payload = self.input.split_to(h.length as usize).freeze();
         let g = self.gathering.entry(h.handle).or_default();
         let place = |offset: u64, len: u64| -> Result<usize, WireError> {
             let at = offset
@@ -480,16 +496,15 @@ impl ReplyDecoder {
             Chunk::OffsetData { offset } => {
                 let data = &payload[8..];
                 let at = place(offset, data.len() as u64)?;
-                if g.data.is_empty() {
-                    g.data = vec![0u8; e.read_len];
+                if at == 0 && data.len() == e.read_len && g.data.is_empty() && g.whole.is_none() {
+                    g.whole = Some(payload.slice(8..));
+                } else {
+                    g.buffer(e.read_len)[at..at + data.len()].copy_from_slice(data);
                 }
-                g.data[at..at + data.len()].copy_from_slice(data);
             }
             Chunk::OffsetHole { offset, size } => {
-                place(offset, size.into())?;
-                if g.data.is_empty() {
-                    g.data = vec![0u8; e.read_len];
-                }
+                let at = place(offset, size.into())?;
+                g.buffer(e.read_len)[at..at + size as usize].fill(0);
             }
             Chunk::BlockStatus { extents, .. } => g.extents = extents,
             Chunk::Error { error, .. } => {
@@ -504,6 +519,8 @@ impl ReplyDecoder {
         let g = self.gathering.remove(&h.handle).unwrap_or_default();
         let data = if g.error != 0 {
             Bytes::new()
+        } else if let Some(w) = g.whole {
+            w
         } else if g.data.is_empty() {
             Bytes::from(vec![0u8; e.read_len])
         } else {
@@ -662,7 +679,37 @@ mod tests {
             offset: None,
         };
         chunk(&mut b, 3, true, &e, &[]);
+        // Handle 4: one data chunk for the whole read (kept as received), then a hole over
+        // its second half (the bytes must then be copied out and the half zeroed).
+        chunk(
+            &mut b,
+            4,
+            false,
+            &Chunk::OffsetData { offset: 0 },
+            &[7u8; 1024],
+        );
+        let hole = Chunk::OffsetHole {
+            offset: 512,
+            size: 512,
+        };
+        chunk(&mut b, 4, true, &hole, &[]);
+        // Handle 5: one data chunk, done.
+        chunk(
+            &mut b,
+            5,
+            true,
+            &Chunk::OffsetData { offset: 4096 },
+            &[8u8; 512],
+        );
         let expect = |h: u64| match h {
+            4 => Some(Expect {
+                read_len: 1024,
+                offset: 0,
+            }),
+            5 => Some(Expect {
+                read_len: 512,
+                offset: 4096,
+            }),
             1 => Some(Expect {
                 read_len: 2048,
                 offset: 8192,
@@ -682,7 +729,11 @@ mod tests {
                     got.push(r);
                 }
             }
-            assert_eq!(got.len(), 3, "cut at {cut}");
+            assert_eq!(got.len(), 5, "cut at {cut}");
+            let mut half = vec![7u8; 512];
+            half.extend_from_slice(&[0u8; 512]);
+            assert_eq!(got[3].data, half);
+            assert_eq!(got[4].data, vec![8u8; 512]);
             let mut want = vec![0u8; 1024];
             want.extend_from_slice(&[5u8; 1024]);
             assert_eq!(got[0].data, want);

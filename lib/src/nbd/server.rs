@@ -52,11 +52,13 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
+        // The per-connection limits are the session's own defaults.
+        let session = SessionConfig::default();
         Self {
-            max_request: 32 << 20,
-            max_in_flight: 128,
-            max_buffered: 128 << 20,
-            class: IoClass::BestEffort,
+            max_request: session.max_request,
+            max_in_flight: session.max_in_flight,
+            max_buffered: u32::try_from(session.max_buffered).unwrap_or(u32::MAX),
+            class: session.class,
             handshake_timeout: Duration::from_secs(30),
             max_connections: 1024,
             allow: super::AllowList::default(),
@@ -391,16 +393,7 @@ impl NbdServer {
             #[cfg(not(feature = "tls"))]
             drop(raw);
         }
-        let st = s.stats();
-        self.counters
-            .requests
-            .fetch_add(st.requests - d.seen.requests, Relaxed);
-        self.counters
-            .replies
-            .fetch_add(st.replies - d.seen.replies, Relaxed);
-        self.counters
-            .error_replies
-            .fetch_add(st.error_replies - d.seen.error_replies, Relaxed);
+        self.count(s.stats(), &mut d);
         if let Some(e) = tls_failure {
             self.counters.protocol_errors.fetch_add(1, Relaxed);
             tracing::warn!(target: "tagstripe::nbd", error = %e, "TLS handshake failed");
@@ -420,6 +413,23 @@ impl NbdServer {
         Ok(())
     }
 
+    /// Adds to the server's counters what the session counted since `d.seen`.
+    fn count(&self, st: SessionStats, d: &mut Drive) {
+        if st == d.seen {
+            return;
+        }
+        self.counters
+            .requests
+            .fetch_add(st.requests - d.seen.requests, Relaxed);
+        self.counters
+            .replies
+            .fetch_add(st.replies - d.seen.replies, Relaxed);
+        self.counters
+            .error_replies
+            .fetch_add(st.error_replies - d.seen.error_replies, Relaxed);
+        d.seen = st;
+    }
+
     /// Runs session `s` over `stream` until the connection is over (`None`), or until the
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
     /// TLS handshake.
@@ -437,17 +447,7 @@ impl NbdServer {
         let (mut eof, mut broken, mut stopped) = (false, false, false);
         loop {
             // The counters follow the session as it goes.
-            let st = s.stats();
-            self.counters
-                .requests
-                .fetch_add(st.requests - d.seen.requests, Relaxed);
-            self.counters
-                .replies
-                .fetch_add(st.replies - d.seen.replies, Relaxed);
-            self.counters
-                .error_replies
-                .fetch_add(st.error_replies - d.seen.error_replies, Relaxed);
-            d.seen = st;
+            self.count(s.stats(), d);
             // Send what is ready (the budget of what was sent is freed as it is taken).
             let mut wrote = false;
             while let Some(b) = s.take_output() {

@@ -1097,6 +1097,16 @@ impl ServerSession {
         Ok(())
     }
 
+    /// The export called `name`, or `NBD_REP_ERR_UNKNOWN` sent for `option`.
+    fn export_or_refuse(&mut self, option: u32, name: &str) -> Option<Arc<ExportEntry>> {
+        let e = self.catalog.get(name).cloned();
+        if e.is_none() {
+            let msg = format!("no export named {name:?}");
+            self.reply(option, proto::REP_ERR_UNKNOWN, msg.as_bytes());
+        }
+        e
+    }
+
     fn info(&mut self, option: u32, data: &[u8]) {
         let req = match InfoRequest::parse(data) {
             Ok(r) => r,
@@ -1105,9 +1115,7 @@ impl ServerSession {
                 return;
             }
         };
-        let Some(e) = self.catalog.get(&req.name).cloned() else {
-            let msg = format!("no export named {:?}", req.name);
-            self.reply(option, proto::REP_ERR_UNKNOWN, msg.as_bytes());
+        let Some(e) = self.export_or_refuse(option, &req.name) else {
             return;
         };
         let (min, pref, max) = self.block_sizes(&e);
@@ -1185,9 +1193,7 @@ impl ServerSession {
                 return;
             }
         };
-        let Some(e) = self.catalog.get(&req.name).cloned() else {
-            let msg = format!("no export named {:?}", req.name);
-            self.reply(option, proto::REP_ERR_UNKNOWN, msg.as_bytes());
+        let Some(e) = self.export_or_refuse(option, &req.name) else {
             return;
         };
         let avail = self.available_contexts(&e);
