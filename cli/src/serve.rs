@@ -9,7 +9,7 @@ use tagstripe::nbd::{NbdServer, ServerConfig, TlsPolicy};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, IoOpts, Volume};
+use tagstripe::{BlockDevice, IoOpts, MirrorEvent, Volume};
 
 use crate::components::{self, OpenOptions};
 
@@ -54,12 +54,15 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     reserved: Option<u64>,
     /// Metadata at the end of each component (its last 16 sectors): `end` records which
-    /// mirror side is stale so that it is never read after a restart; `none` keeps the
-    /// components exactly as ccd lays them out. Default: `end` with --mirror, else `none`.
+    /// mirror side is stale so that it is never read after a restart, and a write-intent
+    /// bitmap so that a returning side is resynced (online, in the bulk class) by copying
+    /// only what it missed; `none` keeps the components exactly as ccd lays them out.
+    /// Default: `end` with --mirror, else `none`.
     #[arg(long, value_parser = ["end", "none"])]
     metadata: Option<String>,
-    /// With --mirror and --metadata none: the sides are known to be identical (as mdadm's
-    /// --assume-clean); without metadata nothing could tell a stale side after a restart.
+    /// The mirror's sides are known to be identical (as mdadm's --assume-clean): a new
+    /// mirror skips its first resync of the second half from the first; needed for
+    /// --mirror with --metadata none, where nothing could tell a stale side after a restart.
     #[arg(long)]
     assume_clean: bool,
     /// Export read-only.
@@ -120,6 +123,70 @@ fn parse_class(s: &str) -> Result<IoClass, String> {
 /// A warning on standard error (standard output may be the protocol's, with --listen -).
 fn say_err(msg: &str) {
     eprintln!("tagstripe serve: {msg}");
+}
+
+/// `sides 0, 1` or `side 1`.
+fn sides(c: &[usize]) -> String {
+    let list: Vec<String> = c.iter().map(ToString::to_string).collect();
+    format!(
+        "{} {}",
+        if c.len() == 1 { "side" } else { "sides" },
+        list.join(", ")
+    )
+}
+
+fn mib(sectors: u64) -> String {
+    format!("{:.1} MiB", sectors as f64 * 512.0 / 1048576.0)
+}
+
+/// One line on stderr for each mirror event.
+fn say_event(e: &MirrorEvent) {
+    match e {
+        MirrorEvent::Dropped { component, error } => say_err(&format!(
+            "mirror side {component} dropped ({error}): the volume serves degraded"
+        )),
+        MirrorEvent::ResyncStarted {
+            components,
+            sectors,
+            whole,
+        } => say_err(&format!(
+            "resync of {} started: {} to copy from the partner{}",
+            sides(components),
+            mib(*sectors),
+            if *whole {
+                " (the whole side)"
+            } else {
+                " (the write-intent bitmap's chunks)"
+            }
+        )),
+        MirrorEvent::ResyncProgress {
+            components,
+            done,
+            total,
+        } => say_err(&format!(
+            "resync of {}: {:.0}% ({} of {}), recorded",
+            sides(components),
+            *done as f64 * 100.0 / (*total).max(1) as f64,
+            mib(*done),
+            mib(*total)
+        )),
+        MirrorEvent::ResyncComplete {
+            components,
+            sectors,
+            elapsed,
+        } => say_err(&format!(
+            "resync complete: {} in sync, {} copied in {:.2} s ({:.0} MiB/s)",
+            sides(components),
+            mib(*sectors),
+            elapsed.as_secs_f64(),
+            *sectors as f64 * 512.0 / 1048576.0 / elapsed.as_secs_f64().max(1e-9)
+        )),
+        MirrorEvent::ResyncFailed { components, error } => say_err(&format!(
+            "resync of {} failed ({error}): the side stays out of the mirror",
+            sides(components)
+        )),
+        _ => {}
+    }
 }
 
 fn parse_tls(s: &str) -> Result<TlsPolicy, String> {
@@ -194,7 +261,12 @@ async fn serve(args: &ServeArgs) -> ExitCode {
                 false,
             );
         }
-        let vol = b.metadata(metadata).open().await;
+        let vol = b
+            .metadata(metadata)
+            .assume_clean(args.assume_clean)
+            .on_event(say_event)
+            .open()
+            .await;
         if let Ok(v) = &vol {
             for side in v.degraded() {
                 say_err(&format!(

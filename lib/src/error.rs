@@ -137,6 +137,14 @@ pub enum Error {
     /// another order, of another geometry, torn beyond repair, or stale with no copy).
     #[error("volume metadata: {0}")]
     Metadata(#[from] tagstripe_striping::superblock::MetadataError),
+    /// A mirror side could not be resynced.
+    #[error("resync of component {component}: {what}")]
+    Resync {
+        /// The side being copied back.
+        component: usize,
+        /// What stopped it.
+        what: String,
+    },
     /// TLS credentials that cannot be used, or a TLS handshake that failed.
     #[error("TLS: {path}: {what}")]
     Tls {
@@ -248,6 +256,7 @@ impl Error {
             Self::Protocol { .. } => libc::EPROTO,
             Self::Tls { .. } => libc::EACCES,
             Self::Metadata(_) => libc::EUCLEAN,
+            Self::Resync { .. } => libc::EIO,
             Self::Timeout { .. } => libc::ETIMEDOUT,
             Self::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
             Self::Component { .. } => libc::EIO,

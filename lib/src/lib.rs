@@ -55,6 +55,7 @@ mod metadata;
 #[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;
 mod open;
+mod resync;
 mod stats;
 mod volume;
 
@@ -70,6 +71,7 @@ pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use metadata::component_metadata;
 pub use open::{OpenOptions, open};
+pub use resync::{MirrorEvent, SideStatus};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};
 

@@ -1,18 +1,29 @@
 //! A volume's on-disk metadata at work: reading each component's two copies at open,
-//! writing new ones when a side is dropped (the format and the decision of whom to trust are
+//! writing new ones when a side is dropped or resynced, and the write-intent bitmap that
+//! says where a mirror's sides may differ (the format and the decision of whom to trust are
 //! `tagstripe_striping::superblock`'s).
+//!
+//! The bitmap's rules, as md's: a write's chunks are set durably before the write is
+//! issued; a chunk is cleared only after a flush of every side that began when no write to
+//! it was in flight and that no write to it has followed, and only while every side is in
+//! sync (or, during a resync, once the chunk has been copied). So whatever the crash, every
+//! chunk where the sides may differ is set in the copy that wins at the next open.
 
 use bytes::Bytes;
-use tagstripe_striping::superblock::{self, Side, Superblock};
+use tagstripe_striping::Piece;
+use tagstripe_striping::superblock::{self, Bitmap, Side, Superblock};
 
 use crate::layers::Striped;
 use crate::{BlockDevice, Error, IoOpts, Result};
 
 /// Sectors of one metadata copy.
 const COPY_SECTORS: u64 = superblock::SIZE as u64 / 512;
+/// Lock shards between writes and the resync's copies (a chunk's shard is its index modulo
+/// this).
+pub(crate) const SHARDS: usize = 64;
 
 /// Where component `dev`'s metadata area starts (its last sectors).
-fn area(dev: &dyn BlockDevice) -> u64 {
+pub(crate) fn area(dev: &dyn BlockDevice) -> u64 {
     dev.info()
         .sectors
         .saturating_sub(superblock::RESERVED_SECTORS)
@@ -56,66 +67,348 @@ async fn write(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
         .await
 }
 
-/// Keeps a volume's metadata: its identity and the event count last written.
-#[derive(Debug)]
+/// The bitmap's bookkeeping in memory.
+struct Bits {
+    /// The chunks where the sides may differ: what the next copy written carries.
+    map: Bitmap,
+    /// The chunks known to be set on disk (never more than any trusted copy holds).
+    durable: Bitmap,
+    /// Writes in flight per chunk.
+    inflight: Vec<u32>,
+    /// Per chunk, the flush epoch in which it was last written.
+    last: Vec<u64>,
+    /// The present flush epoch.
+    epoch: u64,
+    /// The event count of the last clearing written.
+    cleared: u64,
+    /// Bits were cleared since the last copy written.
+    clearing: bool,
+    /// How far a resync has come (component sector), for the record.
+    resync_from: u64,
+    /// A resync's progress: sectors copied, sectors to copy.
+    progress: Option<(u64, u64)>,
+}
+
+impl std::fmt::Debug for Bits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bits")
+            .field("dirty", &self.map.count())
+            .field("durable", &self.durable.count())
+            .field("epoch", &self.epoch)
+            .field("cleared", &self.cleared)
+            .field("progress", &self.progress)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keeps a volume's metadata: its identity, the event count last written, and the
+/// write-intent bitmap of a mirror.
 pub(crate) struct Keeper {
     uuid: [u8; 16],
     fingerprint: u64,
     events: tokio::sync::Mutex<u64>,
-    /// The dropped sides as last written durably (empty before the first write).
-    written: parking_lot::Mutex<Vec<bool>>,
+    /// The sides' states as last written durably (empty before the first write).
+    written: parking_lot::Mutex<Vec<Side>>,
+    bits: parking_lot::Mutex<Bits>,
+    /// Sectors per bit (0: no bitmap, a volume without a mirror).
+    chunk: u64,
+    /// Writes hold their chunks' shards shared; the resync holds them exclusively while
+    /// it copies, so no write lands between its read of a chunk and its write of it.
+    pub(crate) shards: Vec<tokio::sync::RwLock<()>>,
+    /// Per side dropped in this process: the bitmap's last clearing at the time.
+    dropped_at: parking_lot::Mutex<Vec<Option<u64>>>,
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper")
+            .field("chunk", &self.chunk)
+            .field("bits", &*self.bits.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A write's chunks, held as in flight until dropped (also when the write is cancelled).
+#[derive(Debug)]
+pub(crate) struct WriteGuard<'a> {
+    keeper: &'a Keeper,
+    chunks: Vec<u32>,
+    _locks: Vec<tokio::sync::RwLockReadGuard<'a, ()>>,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        let mut b = self.keeper.bits.lock();
+        for &c in &self.chunks {
+            b.inflight[c as usize] -= 1;
+        }
+    }
 }
 
 impl Keeper {
-    pub(crate) fn new(uuid: [u8; 16], fingerprint: u64, events: u64) -> Self {
+    /// A keeper for a volume `uuid` whose last event was `events`, with `bitmap` (empty
+    /// for none) last cleared at event `cleared`.
+    pub(crate) fn new(
+        uuid: [u8; 16],
+        fingerprint: u64,
+        events: u64,
+        bitmap: Bitmap,
+        cleared: u64,
+    ) -> Self {
+        let n = bitmap.bits() as usize;
         Self {
             uuid,
             fingerprint,
             events: tokio::sync::Mutex::new(events),
             written: parking_lot::Mutex::new(Vec::new()),
+            chunk: bitmap.chunk_sectors(),
+            bits: parking_lot::Mutex::new(Bits {
+                durable: bitmap.clone(),
+                map: bitmap,
+                inflight: vec![0; n],
+                last: vec![0; n],
+                epoch: 1,
+                cleared,
+                clearing: false,
+                resync_from: 0,
+                progress: None,
+            }),
+            shards: (0..SHARDS).map(|_| tokio::sync::RwLock::new(())).collect(),
+            dropped_at: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
-    /// Whether the sides dropped in memory differ from what was last written durably (a
-    /// persist that failed): then no write may be acknowledged until it is written.
-    pub(crate) fn behind(&self, s: &Striped) -> bool {
-        let w = self.written.lock();
-        (0..s.components().len()).any(|i| w.get(i).copied().unwrap_or(false) != s.is_failed(i))
+    /// Whether the volume keeps a write-intent bitmap (a mirror does).
+    pub(crate) fn has_bitmap(&self) -> bool {
+        self.chunk > 0
     }
 
-    /// Writes the volume's present state (which sides are dropped) to every live component
-    /// with the next event count; returns once it is durable everywhere. One at a time.
+    /// Sectors per bit.
+    pub(crate) fn chunk_sectors(&self) -> u64 {
+        self.chunk
+    }
+
+    /// The chunks set now, ascending.
+    pub(crate) fn dirty_chunks(&self) -> Vec<u32> {
+        self.bits.lock().map.iter().collect()
+    }
+
+    /// Records that side `c` was dropped now: the bitmap covers what it misses until bits
+    /// are next cleared.
+    pub(crate) fn note_drop(&self, c: usize) {
+        let cleared = self.bits.lock().cleared;
+        let mut d = self.dropped_at.lock();
+        if d.len() <= c {
+            d.resize(c + 1, None);
+        }
+        d[c] = Some(cleared);
+    }
+
+    /// Whether the bitmap still holds everything side `c` missed since it was dropped in
+    /// this process (no bits cleared since; a side found stale at open is judged there).
+    pub(crate) fn covers(&self, c: usize) -> bool {
+        let b = self.bits.lock();
+        let d = self.dropped_at.lock();
+        d.get(c)
+            .copied()
+            .flatten()
+            .is_none_or(|at| at == b.cleared && !b.clearing)
+    }
+
+    /// Sets every chunk (a side to be copied whole).
+    pub(crate) fn set_all(&self) {
+        self.bits.lock().map.set_all();
+    }
+
+    /// A resync's progress, if one runs: sectors copied, sectors to copy.
+    pub(crate) fn progress(&self) -> Option<(u64, u64)> {
+        self.bits.lock().progress
+    }
+
+    pub(crate) fn set_progress(&self, p: Option<(u64, u64)>, resync_from: u64) {
+        let mut b = self.bits.lock();
+        b.progress = p;
+        b.resync_from = resync_from;
+    }
+
+    /// Whether the sides' states differ from what was last written durably (a persist
+    /// that failed): then no write may be acknowledged until it is written.
+    pub(crate) fn behind(&self, s: &Striped) -> bool {
+        let w = self.written.lock();
+        (0..s.components().len()).any(|i| w.get(i).copied().unwrap_or(Side::InSync) != s.side(i))
+    }
+
+    /// Marks the chunks of `pieces` as written, durably before returning (one metadata
+    /// write serves every write waiting for it); the guard keeps them in flight.
     ///
     /// # Errors
-    /// The first component that cannot take it (named): then the state change is not
-    /// durable, and the write that caused it must not be acknowledged.
+    /// As [`Keeper::persist`]: the write must not be issued.
+    pub(crate) async fn begin_write<'a>(
+        &'a self,
+        s: &Striped,
+        pieces: &[Piece],
+    ) -> Result<WriteGuard<'a>> {
+        let mut chunks: Vec<u32> = Vec::with_capacity(pieces.len());
+        {
+            let b = self.bits.lock();
+            for p in pieces {
+                chunks.extend(b.map.chunks_of(p.cblk, p.count));
+            }
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        let mut shards: Vec<usize> = chunks.iter().map(|&c| c as usize % SHARDS).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let mut locks = Vec::with_capacity(shards.len());
+        for sh in shards {
+            locks.push(self.shards[sh].read().await);
+        }
+        let need = {
+            let mut b = self.bits.lock();
+            let epoch = b.epoch;
+            for &c in &chunks {
+                b.inflight[c as usize] += 1;
+                b.last[c as usize] = epoch;
+                b.map.set(c);
+            }
+            chunks.iter().any(|&c| !b.durable.get(c))
+        };
+        let guard = WriteGuard {
+            keeper: self,
+            chunks,
+            _locks: locks,
+        };
+        if need {
+            let mut events = self.events.lock().await;
+            // Another write's record may have carried these chunks already.
+            let still = {
+                let b = self.bits.lock();
+                guard.chunks.iter().any(|&c| !b.durable.get(c))
+            };
+            if still {
+                self.write_locked(s, &mut events).await?;
+            }
+        }
+        Ok(guard)
+    }
+
+    /// Starts a flush for the bitmap: the chunks set with no write in flight now, and the
+    /// epoch they must not have been written after. `None` without a bitmap or nothing set.
+    pub(crate) fn flush_mark(&self) -> Option<(u64, Vec<u32>)> {
+        self.flush_mark_of(None)
+    }
+
+    /// As [`flush_mark`](Self::flush_mark), among `only` (a resync's copied chunks).
+    pub(crate) fn flush_mark_of(&self, only: Option<&[u32]>) -> Option<(u64, Vec<u32>)> {
+        if !self.has_bitmap() {
+            return None;
+        }
+        let mut b = self.bits.lock();
+        let epoch = b.epoch;
+        b.epoch += 1;
+        let chunks: Vec<u32> = match only {
+            None => b
+                .map
+                .iter()
+                .filter(|&c| b.inflight[c as usize] == 0)
+                .collect(),
+            Some(only) => only
+                .iter()
+                .copied()
+                .filter(|&c| b.map.get(c) && b.inflight[c as usize] == 0)
+                .collect(),
+        };
+        (!chunks.is_empty()).then_some((epoch, chunks))
+    }
+
+    /// After a flush (started at `epoch`, see [`flush_mark`](Self::flush_mark)) of every
+    /// side: clears `chunks` not written since, and records it. With `in_sync_only`,
+    /// nothing is cleared unless every side is in sync. A record that cannot be written
+    /// is logged, not returned: the bits stay set on disk, which is safe.
+    pub(crate) async fn sweep(&self, s: &Striped, epoch: u64, chunks: &[u32], in_sync_only: bool) {
+        let mut events = self.events.lock().await;
+        if in_sync_only && (0..s.components().len()).any(|i| !s.readable(i)) {
+            return;
+        }
+        {
+            let mut b = self.bits.lock();
+            let mut any = false;
+            for &c in chunks {
+                if b.map.get(c) && b.last[c as usize] <= epoch && b.inflight[c as usize] == 0 {
+                    b.map.clear(c);
+                    b.durable.clear(c);
+                    any = true;
+                }
+            }
+            if !any {
+                return;
+            }
+            b.clearing = true;
+        }
+        if let Err(e) = self.write_locked(s, &mut events).await {
+            tracing::warn!(
+                target: "tagstripe::mirror",
+                volume = %s.info().name,
+                error = %e,
+                "the bitmap's cleared bits could not be recorded (they stay set)"
+            );
+        }
+    }
+
+    /// Writes the volume's present state (sides, bitmap) to every live component with the
+    /// next event count; returns once it is durable everywhere. One at a time.
+    ///
+    /// # Errors
+    /// The first component that cannot take it (named), when it cannot be dropped in its
+    /// stead: then the state change is not durable, and the write that caused it must not
+    /// be acknowledged.
     pub(crate) async fn persist(&self, s: &Striped) -> Result<()> {
         let mut events = self.events.lock().await;
+        self.write_locked(s, &mut events).await
+    }
+
+    /// [`persist`](Self::persist) with the event lock held. A mirror side that cannot take
+    /// the record while its partner is in sync is dropped (and that is recorded in turn).
+    async fn write_locked(&self, s: &Striped, events: &mut u64) -> Result<()> {
+        loop {
+            match self.write_once(s, events).await {
+                Ok(()) => return Ok(()),
+                Err(Error::Component {
+                    component, source, ..
+                }) if s.geometry().is_mirror()
+                    && s.try_drop(component, s.partner(component), &source) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn write_once(&self, s: &Striped, events: &mut u64) -> Result<()> {
         let next = *events + 1;
         let n = s.components().len();
-        let failed: Vec<bool> = (0..n).map(|i| s.is_failed(i)).collect();
-        let sides: Vec<Side> = (0..n)
-            .map(|i| {
-                if s.is_failed(i) {
-                    Side::Failed
-                } else {
-                    Side::InSync
-                }
-            })
-            .collect();
-        for (i, c) in s.components().iter().enumerate() {
-            if s.is_failed(i) {
-                continue;
-            }
+        let sides: Vec<Side> = (0..n).map(|i| s.side(i)).collect();
+        let (bitmap, cleared, resync_from) = {
+            let b = self.bits.lock();
+            let cleared = if b.clearing { next } else { b.cleared };
+            (b.map.clone(), cleared, b.resync_from)
+        };
+        // Sides in sync first: a crash part-way leaves them ahead of a side being copied,
+        // never the other way round.
+        let mut order: Vec<usize> = (0..n).filter(|&i| sides[i] != Side::Failed).collect();
+        order.sort_by_key(|&i| sides[i] != Side::InSync);
+        for i in order {
+            let c = &s.components()[i];
             let sb = Superblock {
                 uuid: self.uuid,
                 events: next,
                 role: i as u32,
                 geometry: self.fingerprint,
                 data_sectors: area(c.as_ref()),
-                dirty: false,
+                dirty: !bitmap.is_clear(),
                 sides: sides.clone(),
-                resync_from: 0,
+                resync_from,
+                cleared,
+                bitmap: bitmap.clone(),
             };
             write(c.as_ref(), &sb).await.map_err(|e| Error::Component {
                 component: i,
@@ -124,22 +417,29 @@ impl Keeper {
             })?;
         }
         *events = next;
-        *self.written.lock() = failed;
-        tracing::info!(
+        *self.written.lock() = sides;
+        {
+            let mut b = self.bits.lock();
+            // Only what this copy carried is known to be on disk; chunks set since wait for
+            // the next one.
+            for c in bitmap.iter() {
+                b.durable.set(c);
+            }
+            if b.clearing && cleared == next {
+                b.clearing = false;
+            }
+            b.cleared = cleared;
+        }
+        tracing::debug!(
             target: "tagstripe::mirror",
             volume = %s.info().name,
             events = next,
             failed = ?s.failed_components(),
+            dirty_chunks = bitmap.count(),
             "metadata written"
         );
         Ok(())
     }
-}
-
-/// The mirror partner of component `i` (ccd mirrors the first half onto the second).
-fn partner(s: &Striped, i: usize) -> usize {
-    let half = s.components().len() / 2;
-    if i < half { i + half } else { i - half }
 }
 
 /// A new volume's identity: 16 bytes from the process's random hashing keys, the time and
@@ -160,14 +460,24 @@ pub(crate) fn new_uuid() -> [u8; 16] {
     out
 }
 
+/// What must be copied once a volume is open: the sides to resync and whether whole.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// The sides to copy back, each from its partner.
+    pub(crate) targets: Vec<usize>,
+    /// Whether every chunk is copied (a blank or long-gone side), not only the bitmap's.
+    pub(crate) whole: bool,
+}
+
 /// Opens `s`'s metadata: a new volume gets its first copies on every component; an existing
 /// one has its stale components marked (never read) and keeps its metadata from then on.
+/// Returns what a resync must copy.
 ///
 /// # Errors
 /// [`Error::Metadata`] for components that do not belong (named), a stripe or
 /// concatenation member that is stale (it has no partner to serve from), or I/O errors on a
 /// component (named).
-pub(crate) async fn open(s: &Striped) -> Result<()> {
+pub(crate) async fn open(s: &Striped, assume_clean: bool) -> Result<Plan> {
     let mut found = Vec::with_capacity(s.components().len());
     for (i, c) in s.components().iter().enumerate() {
         found.push(read(c.as_ref()).await.map_err(|e| Error::Component {
@@ -177,16 +487,44 @@ pub(crate) async fn open(s: &Striped) -> Result<()> {
         })?);
     }
     let fingerprint = superblock::fingerprint(s.geometry());
+    let mirror = s.geometry().is_mirror();
+    let half = s.components().len() / 2;
+    let largest = s
+        .components()
+        .iter()
+        .map(|c| area(c.as_ref()))
+        .max()
+        .unwrap_or(0);
+    let fresh = || {
+        if mirror {
+            Bitmap::for_sectors(largest)
+        } else {
+            Bitmap::none()
+        }
+    };
+    let mut plan = Plan::default();
     match superblock::assemble(&found, fingerprint)? {
         superblock::Assembly::New => {
-            s.keep(Keeper::new(new_uuid(), fingerprint, 0));
+            s.keep(Keeper::new(new_uuid(), fingerprint, 0, fresh(), 0));
+            if mirror && !assume_clean {
+                // A new mirror: the second half copied from the first (written from now
+                // on, and given the volume's metadata, but not read until copied).
+                for i in half..s.components().len() {
+                    s.set_side(i, Side::Resyncing);
+                }
+                plan.targets = (half..s.components().len()).collect();
+                plan.whole = true;
+            }
         }
         superblock::Assembly::Existing {
             uuid,
             events,
             stale,
+            whole,
+            bitmap,
+            cleared,
         } => {
-            if !stale.is_empty() && !s.geometry().is_mirror() {
+            if !stale.is_empty() && !mirror {
                 return Err(Error::Metadata(superblock::MetadataError::Invalid {
                     field: "sides",
                     what: format!(
@@ -203,31 +541,35 @@ pub(crate) async fn open(s: &Striped) -> Result<()> {
                     "component is stale (its metadata is behind the volume's): not read"
                 );
             }
-            s.keep(Keeper::new(uuid, fingerprint, events));
+            // Metadata from before bitmaps (or of another bitmap size): nothing it says of
+            // the stale sides can be trusted, they are copied whole.
+            let expect = fresh();
+            let usable =
+                bitmap.chunk_sectors() == expect.chunk_sectors() && bitmap.bits() == expect.bits();
+            let bitmap = if usable { bitmap } else { expect };
+            let clean = bitmap.is_clear();
+            s.keep(Keeper::new(uuid, fingerprint, events, bitmap, cleared));
+            if mirror {
+                plan.targets = stale.clone();
+                plan.whole = !whole.is_empty() || (!usable && !stale.is_empty());
+                if stale.is_empty() && !clean {
+                    // Writes were in flight when the volume stopped: where the bitmap says,
+                    // the second half is copied again from the first.
+                    plan.targets = (half..s.components().len()).collect();
+                }
+            }
         }
     }
     // Write the state found (or the new volume's first copies) before serving. A mirror
     // side that cannot take it is dropped (recorded on its partner) as a failed write would
     // be; with no side left to record on, the volume does not open.
     let Some(k) = s.keeper() else {
-        return Ok(());
+        return Ok(plan);
     };
-    loop {
-        match k.persist(s).await {
-            Ok(()) => return Ok(()),
-            Err(Error::Component {
-                component, source, ..
-            }) if s.geometry().is_mirror() && !s.is_failed(partner(s, component)) => {
-                tracing::warn!(
-                    target: "tagstripe::mirror",
-                    volume = %s.info().name,
-                    component,
-                    error = %source,
-                    "mirror side dropped at open: it cannot take the volume's metadata"
-                );
-                s.mark_failed(component);
-            }
-            Err(e) => return Err(e),
-        }
+    if plan.whole {
+        k.set_all();
     }
+    k.persist(s).await?;
+    plan.targets.retain(|&t| s.readable(s.partner(t)));
+    Ok(plan)
 }

@@ -64,6 +64,8 @@ pub struct VolumeBuilder {
     queue: bool,
     layers: Layers,
     metadata: bool,
+    assume_clean: bool,
+    events: Option<crate::resync::EventSink>,
 }
 
 /// A wrapper a volume puts around each of its components (tower's `Layer`, for block
@@ -141,11 +143,58 @@ impl VolumeBuilder {
     /// of a volume without a mirror; I/O errors on a component.
     pub async fn open(self) -> Result<Volume> {
         let metadata = self.metadata;
+        let assume_clean = self.assume_clean;
         let vol = self.assemble()?;
         if metadata {
-            crate::metadata::open(&vol.striped).await?;
+            let plan = crate::metadata::open(&vol.striped, assume_clean).await?;
+            if !plan.targets.is_empty() {
+                vol.start_resync(plan.targets);
+            }
         }
         Ok(vol)
+    }
+
+    /// A new mirror's sides are known to be identical (as mdadm's `--assume-clean`): no
+    /// first resync of the second half from the first. Only for components that are
+    /// blank (all zeroes) or copies of each other.
+    #[must_use]
+    pub fn assume_clean(mut self, on: bool) -> Self {
+        self.assume_clean = on;
+        self
+    }
+
+    /// Calls `f` with every [`MirrorEvent`] (a side dropped, a resync's start, progress,
+    /// end), as it happens, from the task where it happens: `f` must be quick. The same
+    /// events go to `tracing` (target `tagstripe::mirror`).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use tagstripe::striping::Flavor;
+    /// use tagstripe::{MemDevice, MirrorEvent, SideStatus, Volume};
+    /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = seen.clone();
+    /// let comps = [Arc::new(MemDevice::new("a", 4096)), Arc::new(MemDevice::new("b", 4096))];
+    /// // A new mirror: side 1 is copied from side 0 while the volume serves.
+    /// let v = Volume::builder(comps)
+    ///     .flavor(Flavor::FreeBsd)
+    ///     .mirror(true)
+    ///     .metadata(true)
+    ///     .on_event(move |e: &MirrorEvent| log.lock().unwrap().push(e.clone()))
+    ///     .open()
+    ///     .await?;
+    /// v.wait_resync().await;
+    /// assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+    /// let seen = seen.lock().unwrap();
+    /// assert!(matches!(seen[0], MirrorEvent::ResyncStarted { whole: true, .. }));
+    /// assert!(matches!(seen.last(), Some(MirrorEvent::ResyncComplete { .. })));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn on_event(mut self, f: impl Fn(&crate::MirrorEvent) + Send + Sync + 'static) -> Self {
+        self.events = Some(crate::resync::EventSink(Arc::new(f)));
+        self
     }
 
     /// Wraps every component in `layer` (see [`Layer`]); called once per component, in
@@ -357,11 +406,17 @@ impl VolumeBuilder {
         if let Some(policy) = self.mirror_reads {
             striped.set_mirror_reads(policy);
         }
+        if let Some(sink) = self.events {
+            striped.set_events(sink);
+        }
+        let (resyncing, _) = tokio::sync::watch::channel(false);
         Ok(Volume {
-            striped,
+            striped: Arc::new(striped),
             stats: Stats::default(),
             component_stats,
             queues,
+            resyncing,
+            resync_task: parking_lot::Mutex::new(None),
         })
     }
 }
@@ -370,10 +425,23 @@ impl VolumeBuilder {
 /// [`Volume::builder`].
 #[derive(Debug)]
 pub struct Volume {
-    striped: Striped,
+    striped: Arc<Striped>,
     stats: Stats,
     component_stats: Vec<Arc<Stats>>,
     queues: Vec<QueueHandle>,
+    /// Whether a resync runs.
+    resyncing: tokio::sync::watch::Sender<bool>,
+    /// The resync's task, stopped when the volume goes (its bitmap on disk says where a
+    /// later open goes on).
+    resync_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Some(t) = self.resync_task.lock().take() {
+            t.abort();
+        }
+    }
 }
 
 impl Volume {
@@ -416,6 +484,8 @@ impl Volume {
             queue: true,
             layers: Layers::default(),
             metadata: false,
+            assume_clean: false,
+            events: None,
         }
     }
 
@@ -502,6 +572,108 @@ impl Volume {
     #[must_use]
     pub fn degraded(&self) -> Vec<usize> {
         self.striped.failed_components()
+    }
+
+    /// Each component's state: in sync, degraded (dropped from the mirror, or stale at
+    /// open) or being resynced with its progress. All in sync without a mirror.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bytes::Bytes;
+    /// use tagstripe::striping::Flavor;
+    /// use tagstripe::{BlockDevice, FaultDevice, IoOpts, MemDevice, SideStatus, Volume};
+    /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+    /// let b = Arc::new(FaultDevice::new(MemDevice::new("b", 4096)));
+    /// let v = Volume::builder([Arc::new(FaultDevice::new(MemDevice::new("a", 4096))), b.clone()])
+    ///     .flavor(Flavor::FreeBsd).mirror(true).metadata(true).assume_clean(true)
+    ///     .open().await?;
+    /// b.kill();
+    /// v.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
+    /// assert_eq!(v.status(), [SideStatus::InSync, SideStatus::Degraded]);
+    /// b.clear();
+    /// v.resync()?; // side 1 copies back what it missed (the bitmap's chunks)
+    /// v.wait_resync().await;
+    /// assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn status(&self) -> Vec<crate::SideStatus> {
+        let progress = self.striped.keeper().and_then(|k| k.progress());
+        (0..self.striped.components().len())
+            .map(|i| match self.striped.side(i) {
+                tagstripe_striping::superblock::Side::InSync => crate::SideStatus::InSync,
+                tagstripe_striping::superblock::Side::Failed => crate::SideStatus::Degraded,
+                tagstripe_striping::superblock::Side::Resyncing => {
+                    let (done, total) = progress.unwrap_or((0, 0));
+                    crate::SideStatus::Resyncing { done, total }
+                }
+            })
+            .collect()
+    }
+
+    /// Starts copying every degraded side back from its partner (once the fault that
+    /// dropped it is fixed), while the volume serves: the chunks the write-intent bitmap
+    /// holds. Watch it with [`status`](Self::status), [`wait_resync`](Self::wait_resync)
+    /// and [`VolumeBuilder::on_event`]; a side that fails again is dropped again.
+    ///
+    /// # Errors
+    /// [`crate::Error::Resync`] without mirror metadata, while a resync runs, or with
+    /// nothing to resync.
+    pub fn resync(&self) -> Result<()> {
+        let refuse = |what: &str| {
+            Err(crate::Error::Resync {
+                component: 0,
+                what: what.to_owned(),
+            })
+        };
+        if !self
+            .striped
+            .keeper()
+            .is_some_and(crate::metadata::Keeper::has_bitmap)
+        {
+            return refuse("only a mirror with metadata (VolumeBuilder::metadata) can resync");
+        }
+        if *self.resyncing.borrow() {
+            return refuse("a resync is already running");
+        }
+        let targets: Vec<usize> = self
+            .degraded()
+            .into_iter()
+            .filter(|&t| self.striped.readable(self.striped.partner(t)))
+            .collect();
+        if targets.is_empty() {
+            return refuse("no degraded side with a partner in sync");
+        }
+        if let Some(k) = self.striped.keeper() {
+            if targets.iter().any(|&t| !k.covers(t)) {
+                k.set_all();
+            }
+        }
+        self.start_resync(targets);
+        Ok(())
+    }
+
+    /// Waits until no resync runs (at once if none does); see [`status`](Self::status)
+    /// for how it ended.
+    pub async fn wait_resync(&self) {
+        let mut rx = self.resyncing.subscribe();
+        let _ = rx.wait_for(|running| !*running).await;
+    }
+
+    fn start_resync(&self, targets: Vec<usize>) {
+        let s = Arc::clone(&self.striped);
+        let tx = self.resyncing.clone();
+        tx.send_replace(true);
+        let task = tokio::spawn(async move {
+            if let Err(e) = crate::resync::run(&s, &targets).await {
+                crate::resync::abandon(&s, &targets, &e).await;
+            }
+            tx.send_replace(false);
+        });
+        if let Some(old) = self.resync_task.lock().replace(task) {
+            old.abort();
+        }
     }
 
     /// The wrapped components (`Split<Queue<D>>`), in order.

@@ -6,9 +6,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use std::sync::Mutex;
 use tagstripe::striping::Flavor;
+
 use tagstripe::{
-    BlockDevice, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume,
+    BlockDevice, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, MirrorEvent,
+    SideStatus, Volume,
 };
 
 mod common;
@@ -30,14 +33,58 @@ fn mirror(a: &Arc<FaultDevice<MemDevice>>, b: &Arc<MemDevice>) -> tagstripe::Vol
     mirror_of(a.clone(), b.clone())
 }
 
+/// A current-thread runtime: a volume dropped mid-resync stops at once, as a killed
+/// process would (no worker thread finishing a step behind the next open).
+fn rt1() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The events a volume reports, collected.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<MirrorEvent>>>);
+
+impl Events {
+    fn on(&self, b: tagstripe::VolumeBuilder) -> tagstripe::VolumeBuilder {
+        let log = self.0.clone();
+        b.on_event(move |e: &MirrorEvent| log.lock().unwrap().push(e.clone()))
+    }
+    fn take(&self) -> Vec<MirrorEvent> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// The sectors a resync reported copying, and to which sides.
+fn resynced(events: &[MirrorEvent]) -> Option<(Vec<usize>, u64)> {
+    let started = events.iter().find_map(|e| match e {
+        MirrorEvent::ResyncStarted {
+            components,
+            sectors,
+            ..
+        } => Some((components.clone(), *sectors)),
+        _ => None,
+    })?;
+    events
+        .iter()
+        .any(|e| matches!(e, MirrorEvent::ResyncComplete { .. }))
+        .then_some(started)
+}
+
 #[test]
-fn a_dropped_side_stays_stale_across_a_restart() {
+fn a_dropped_side_is_stale_across_a_restart_and_resynced() {
     rt().block_on(async {
         let a = Arc::new(FaultDevice::new(MemDevice::new("side0", SECTORS)));
         let b = Arc::new(MemDevice::new("side1", SECTORS));
-        let v = mirror(&a, &b).open().await.unwrap();
+        let ev = Events::default();
+        let v = ev.on(mirror(&a, &b)).open().await.unwrap();
         let size = v.info().sectors;
         assert_eq!(size, SECTORS - 16, "the metadata takes the last 16 sectors");
+        // A new mirror copies side 1 from side 0, whole.
+        v.wait_resync().await;
+        assert_eq!(resynced(&ev.take()), Some((vec![1], size)));
+        assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
         v.write(
             0,
             Bytes::from(vec![0xAA; size as usize * 512]),
@@ -54,23 +101,140 @@ fn a_dropped_side_stays_stale_across_a_restart() {
         .await
         .unwrap();
         assert_eq!(v.degraded(), [0]);
+        assert!(matches!(
+            ev.take()[..],
+            [MirrorEvent::Dropped { component: 0, .. }]
+        ));
         drop(v);
-        // The fault is gone; side 0 still holds A.
+        // The fault is gone; side 0 still holds A. The restart knows it stale, never reads
+        // it, and copies back what it missed (everything was written while it was out).
         a.clear();
-        let v = mirror(&a, &b).open().await.unwrap();
-        assert_eq!(
-            v.degraded(),
-            [0],
-            "the stale side is known after the restart"
-        );
+        let v = ev.on(mirror(&a, &b)).open().await.unwrap();
         let all = v.read(0, size, IoOpts::new()).await.unwrap();
         let stale = all.chunks(512).filter(|s| s[0] == 0xAA).count();
         assert_eq!(stale, 0, "{stale} sectors read back as the old data");
         assert!(all.iter().all(|&x| x == 0xBB));
-        // And again: the state is durable, not a one-off.
+        v.wait_resync().await;
+        assert_eq!(resynced(&ev.take()), Some((vec![0], size)));
+        assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+        // Side 0 itself now holds B: with side 1 failing, reads still return B.
+        assert!(
+            a.read(0, size, IoOpts::new())
+                .await
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0xBB)
+        );
         drop(v);
         let v = mirror(&a, &b).open().await.unwrap();
-        assert_eq!(v.degraded(), [0]);
+        assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+    });
+}
+
+/// A side out for a few writes copies back only the bitmap's chunks: a 64 KiB write while
+/// it was out makes a resync of one 64 KiB chunk, not of the 4 MiB side.
+#[test]
+fn a_returning_side_copies_only_the_bitmaps_chunks() {
+    rt().block_on(async {
+        let a = Arc::new(FaultDevice::new(MemDevice::new("side0", SECTORS)));
+        let b = Arc::new(MemDevice::new("side1", SECTORS));
+        let ev = Events::default();
+        let v = ev
+            .on(mirror(&a, &b))
+            .assume_clean(true)
+            .open()
+            .await
+            .unwrap();
+        assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+        v.write(0, Bytes::from(vec![1u8; 1 << 20]), IoOpts::new())
+            .await
+            .unwrap();
+        // Flushed while in sync: the bits of what was written are cleared.
+        v.flush(IoOpts::new()).await.unwrap();
+        let meta = tagstripe::component_metadata(&*b).await.unwrap().unwrap();
+        assert!(
+            meta.bitmap.is_clear(),
+            "{:?}",
+            meta.bitmap.iter().collect::<Vec<_>>()
+        );
+        a.kill();
+        v.write(1024, Bytes::from(vec![2u8; 64 << 10]), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(v.status(), [SideStatus::Degraded, SideStatus::InSync]);
+        // Recorded before the write was acknowledged: the chunk, on the survivor.
+        let meta = tagstripe::component_metadata(&*b).await.unwrap().unwrap();
+        assert_eq!(meta.bitmap.iter().collect::<Vec<_>>(), [8]);
+        a.clear();
+        ev.take();
+        v.resync().unwrap();
+        assert!(
+            v.resync().is_err(),
+            "a second resync is refused while one runs"
+        );
+        v.wait_resync().await;
+        assert_eq!(resynced(&ev.take()), Some((vec![0], 128)));
+        assert_eq!(
+            a.read(1024, 128, IoOpts::new()).await.unwrap(),
+            vec![2u8; 64 << 10]
+        );
+        assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+        assert!(v.resync().is_err(), "nothing to resync");
+    });
+}
+
+/// Writes in flight at a crash: their chunks are on disk (set by an earlier write and not
+/// cleared, as no flush followed), and the next open copies them from the first half to the
+/// second, so the sides agree.
+#[test]
+fn writes_in_flight_at_a_crash_are_resynced() {
+    rt1().block_on(async {
+        let a = Arc::new(MemDevice::new("side0", SECTORS));
+        let b = Arc::new(FaultDevice::new(MemDevice::new("side1", SECTORS)));
+        let v = mirror_of(a.clone(), b.clone())
+            .assume_clean(true)
+            .open()
+            .await
+            .unwrap();
+        v.write(4096, Bytes::from(vec![7u8; 4096]), IoOpts::new())
+            .await
+            .unwrap();
+        // Side 1 takes its time; the next write is cut off by the crash on the way.
+        b.set_latency(std::time::Duration::from_secs(3600));
+        let v = Arc::new(v);
+        let w = tokio::spawn({
+            let v = v.clone();
+            async move {
+                v.write(4096, Bytes::from(vec![9u8; 4096]), IoOpts::new())
+                    .await
+            }
+        });
+        // Until side 0 holds the write (the bitmap was written before it).
+        let mut turns = 0;
+        while a.read(4096, 8, IoOpts::new()).await.unwrap()[0] != 9 {
+            turns += 1;
+            assert!(turns < 100_000, "the write never reached side 0");
+            tokio::task::yield_now().await;
+        }
+        w.abort();
+        let _ = w.await;
+        drop(v);
+        b.set_latency(std::time::Duration::ZERO);
+        let meta = tagstripe::component_metadata(&*a).await.unwrap().unwrap();
+        assert_eq!(meta.bitmap.iter().collect::<Vec<_>>(), [32]);
+        assert_ne!(
+            b.read(4096, 8, IoOpts::new()).await.unwrap(),
+            vec![9u8; 4096],
+            "side 1 never got it"
+        );
+        let ev = Events::default();
+        let v = ev.on(mirror_of(a.clone(), b.clone())).open().await.unwrap();
+        v.wait_resync().await;
+        assert_eq!(resynced(&ev.take()), Some((vec![1], 128)));
+        assert_eq!(
+            b.read(4096, 8, IoOpts::new()).await.unwrap(),
+            a.read(4096, 8, IoOpts::new()).await.unwrap()
+        );
     });
 }
 
@@ -111,22 +275,31 @@ fn a_torn_copy_falls_back_and_a_blank_stripe_member_is_refused() {
         let a = Arc::new(FaultDevice::new(MemDevice::new("a", SECTORS)));
         let b = Arc::new(MemDevice::new("b", SECTORS));
         let v = mirror(&a, &b).open().await.unwrap();
+        v.wait_resync().await;
         a.inject(Fault::always(FaultOp::Write, FaultKind::Error));
         v.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new())
             .await
             .unwrap();
         drop(v);
         a.clear();
-        // Tear side 1's newest copy (event 2, in slot 0): as if the update that recorded
-        // side 0's drop never finished. Then the write that dropped it was never
-        // acknowledged (the update comes first), so the older copy (event 1, both in sync)
-        // is the truth for everything acknowledged: it opens, from that copy, no error.
-        let meta = SECTORS - 16;
+        // Tear side 1's newest copy, as a crash while it was written would: the update that
+        // recorded side 0's drop never finished, so the write behind it was never issued
+        // (its bytes taken back off side 1) nor acknowledged. The older copy (both in sync)
+        // is the truth for everything acknowledged: it opens from that copy, no error.
+        let newest = tagstripe::component_metadata(&*b).await.unwrap().unwrap();
+        let meta = SECTORS - 16 + newest.slot() as u64 * 8;
         b.write(meta, Bytes::from(vec![0x5a; 4096]), IoOpts::new())
             .await
             .unwrap();
+        b.write(0, Bytes::from(vec![0u8; 4096]), IoOpts::new())
+            .await
+            .unwrap();
+        let older = tagstripe::component_metadata(&*b).await.unwrap().unwrap();
+        assert_eq!(older.events + 1, newest.events);
         let v = mirror(&a, &b).open().await.unwrap();
         assert_eq!(v.degraded(), Vec::<usize>::new());
+        assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+        assert_eq!(v.read(0, 8, IoOpts::new()).await.unwrap(), vec![0u8; 4096]);
         drop(v);
         // A striped volume whose member was replaced by a blank device: refused.
         let s0 = Arc::new(MemDevice::new("s0", SECTORS));
@@ -162,33 +335,66 @@ enum Step {
     Write(u64, u64, u8),
     /// Side `n` fails every write from now on.
     Fail(usize),
-    /// Side `n` works again (a dropped side stays dropped: there is no resync yet).
+    /// Side `n` works again (a dropped side stays out until resynced).
     Heal(usize),
-    /// The volume is dropped and opened again on the same components.
+    /// The volume is dropped and opened again on the same components, as a crash would:
+    /// a resync under way stops where it is.
     Restart,
+    /// Degraded sides are copied back (if one can be).
+    Resync,
+    /// Until no resync runs.
+    Settle,
+    /// A flush (clears the bitmap where it may).
+    Flush,
 }
 
 fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
     use proptest::prelude::*;
     let step = prop_oneof![
-        5 => (any::<u64>(), 1u64..64, any::<u8>()).prop_map(|(s, n, b)| Step::Write(s, n, b)),
+        6 => (any::<u64>(), 1u64..300, any::<u8>()).prop_map(|(s, n, b)| Step::Write(s, n, b)),
         1 => (0usize..2).prop_map(Step::Fail),
         1 => (0usize..2).prop_map(Step::Heal),
-        1 => Just(Step::Restart),
+        2 => Just(Step::Restart),
+        1 => Just(Step::Resync),
+        1 => Just(Step::Settle),
+        1 => Just(Step::Flush),
     ];
     proptest::collection::vec(step, 1..40)
 }
 
+/// Both sides hold the same bytes wherever the model knows them.
+async fn sides_agree(sides: &[Arc<FaultDevice<MemDevice>>; 2], total: u64, unknown: &[bool]) {
+    let x = sides[0]
+        .inner()
+        .read(0, total, IoOpts::new())
+        .await
+        .unwrap();
+    let y = sides[1]
+        .inner()
+        .read(0, total, IoOpts::new())
+        .await
+        .unwrap();
+    for sec in 0..total as usize {
+        if !unknown[sec] {
+            assert!(
+                x[sec * 512..sec * 512 + 512] == y[sec * 512..sec * 512 + 512],
+                "the sides differ at sector {sec} though both are in sync"
+            );
+        }
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
-    /// Any sequence of side failures, heals, writes and restarts: every acknowledged write
-    /// reads back, after every restart and at the end; a side never comes back by itself.
+    /// Any sequence of side failures, heals, writes, flushes, restarts (crashes, also in the
+    /// middle of a resync) and resyncs: every acknowledged write reads back after every
+    /// restart and at the end, and once healed and resynced both sides hold it.
     #[test]
-    fn acknowledged_writes_survive_failures_and_restarts(steps in steps()) {
-        rt().block_on(async move {
+    fn acknowledged_writes_survive_failures_restarts_and_resyncs(steps in steps()) {
+        rt1().block_on(async move {
             let sides = [
-                Arc::new(FaultDevice::new(MemDevice::new("a", 1024))),
-                Arc::new(FaultDevice::new(MemDevice::new("b", 1024))),
+                Arc::new(FaultDevice::new(MemDevice::new("a", 2048))),
+                Arc::new(FaultDevice::new(MemDevice::new("b", 2048))),
             ];
             let open = || async {
                 mirror_of(sides[0].clone(), sides[1].clone())
@@ -224,13 +430,13 @@ proptest::proptest! {
                         failing[i] = false;
                     }
                     Step::Restart => {
-                        let degraded = v.degraded();
+                        let out: Vec<usize> = (0..2).filter(|&i| v.status()[i] != SideStatus::InSync).collect();
                         drop(v);
                         // It opens unless no side can take the metadata.
                         v = match open().await {
                             Ok(v) => v,
                             Err(e) => {
-                                let writable = (0..2).any(|i| !failing[i] && !degraded.contains(&i));
+                                let writable = (0..2).any(|i| !failing[i] && !out.contains(&i));
                                 assert!(!writable, "did not open with a writable side: {e}");
                                 for (i, s) in sides.iter().enumerate() {
                                     s.clear();
@@ -239,20 +445,28 @@ proptest::proptest! {
                                 open().await.unwrap()
                             }
                         };
-                        for d in degraded {
-                            assert!(v.degraded().contains(&d), "side {d} came back by itself");
-                        }
                         check(&v, &model, &unknown).await;
+                    }
+                    Step::Resync => {
+                        let _ = v.resync();
+                    }
+                    Step::Settle => v.wait_resync().await,
+                    Step::Flush => {
+                        let _ = v.flush(IoOpts::new()).await;
                     }
                 }
             }
+            check(&v, &model, &unknown).await;
+            // Healed and restarted: the sides come back, and then agree.
             for s in &sides {
                 s.clear();
             }
-            check(&v, &model, &unknown).await;
             drop(v);
             let v = open().await.unwrap();
+            v.wait_resync().await;
             check(&v, &model, &unknown).await;
+            assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+            sides_agree(&sides, total, &unknown).await;
         });
     }
 }

@@ -26,7 +26,8 @@
 //! old.events = 3;
 //! old.sides = vec![Side::InSync, Side::InSync];
 //! let a = superblock::assemble(&[Some(sb), Some(old)], 0x1234)?;
-//! assert_eq!(a, Assembly::Existing { uuid: [7u8; 16], events: 5, stale: vec![1] });
+//! let Assembly::Existing { events, stale, .. } = a else { unreachable!() };
+//! assert_eq!((events, stale), (5, vec![1]));
 //! # Ok::<(), tagstripe_striping::superblock::MetadataError>(())
 //! ```
 
@@ -89,8 +90,138 @@ pub struct Superblock {
     pub dirty: bool,
     /// The state of every component, as this one last knew it.
     pub sides: Vec<Side>,
-    /// For a side resyncing: the volume sector up to which it has been copied.
+    /// For a side resyncing: the component sector up to which it has been copied.
     pub resync_from: u64,
+    /// The event count of the last time bits were cleared from the bitmap: a side whose own
+    /// metadata is older missed that clearing, and the bitmap cannot say what it lacks (it
+    /// is copied whole).
+    pub cleared: u64,
+    /// The write-intent bitmap: regions where the sides may differ.
+    pub bitmap: Bitmap,
+}
+
+/// The most bits a write-intent bitmap has (2 KiB of a copy): a larger component gets
+/// larger chunks.
+pub const MAX_BITS: u32 = 16384;
+/// The smallest bitmap chunk, in sectors (64 KiB).
+pub const MIN_CHUNK_SECTORS: u64 = 128;
+
+/// A write-intent bitmap, as md's: one bit per chunk of component sectors (the same
+/// offsets on every side of a mirror), set durably before a write to the chunk is issued
+/// and cleared once the chunk is known to be the same on every side. A returning side is
+/// resynced by copying the chunks whose bits are set, not the whole component.
+///
+/// ```
+/// use tagstripe_striping::superblock::Bitmap;
+/// let mut b = Bitmap::for_sectors(1 << 21); // a 1 GiB component
+/// assert_eq!((b.chunk_sectors(), b.bits()), (128, 16384));
+/// b.set_range(1000, 300); // sectors 1000..1300: chunks 7..=10
+/// assert_eq!(b.iter().collect::<Vec<_>>(), [7, 8, 9, 10]);
+/// assert_eq!(b.count(), 4);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Bitmap {
+    chunk: u64,
+    bits: u32,
+    bytes: Vec<u8>,
+}
+
+impl Bitmap {
+    /// No bitmap (a volume without a mirror, or metadata written before bitmaps).
+    #[must_use]
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// An empty bitmap for components of up to `sectors` data sectors: chunks of at least
+    /// [`MIN_CHUNK_SECTORS`], a power of two, so that at most [`MAX_BITS`] cover them.
+    #[must_use]
+    pub fn for_sectors(sectors: u64) -> Self {
+        let mut chunk = MIN_CHUNK_SECTORS;
+        while sectors.div_ceil(chunk) > u64::from(MAX_BITS) {
+            chunk *= 2;
+        }
+        let bits = sectors.div_ceil(chunk).max(1) as u32;
+        Self {
+            chunk,
+            bits,
+            bytes: vec![0; bits.div_ceil(8) as usize],
+        }
+    }
+
+    /// Sectors per bit (0: no bitmap).
+    #[must_use]
+    pub fn chunk_sectors(&self) -> u64 {
+        self.chunk
+    }
+
+    /// How many bits (chunks).
+    #[must_use]
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+
+    /// Whether bit `i` is set (false outside the bitmap).
+    #[must_use]
+    pub fn get(&self, i: u32) -> bool {
+        i < self.bits && self.bytes[(i / 8) as usize] & (1 << (i % 8)) != 0
+    }
+
+    /// Sets bit `i` (ignored outside the bitmap).
+    pub fn set(&mut self, i: u32) {
+        if i < self.bits {
+            self.bytes[(i / 8) as usize] |= 1 << (i % 8);
+        }
+    }
+
+    /// Clears bit `i`.
+    pub fn clear(&mut self, i: u32) {
+        if i < self.bits {
+            self.bytes[(i / 8) as usize] &= !(1 << (i % 8));
+        }
+    }
+
+    /// Sets every bit.
+    pub fn set_all(&mut self) {
+        for i in 0..self.bits {
+            self.set(i);
+        }
+    }
+
+    /// The bits covering component sectors `[start, start + sectors)`.
+    #[must_use]
+    pub fn chunks_of(&self, start: u64, sectors: u64) -> std::ops::Range<u32> {
+        if self.chunk == 0 || sectors == 0 {
+            return 0..0;
+        }
+        let first = (start / self.chunk).min(u64::from(self.bits)) as u32;
+        let last = ((start + sectors - 1) / self.chunk + 1).min(u64::from(self.bits)) as u32;
+        first..last
+    }
+
+    /// Sets the bits covering `[start, start + sectors)`.
+    pub fn set_range(&mut self, start: u64, sectors: u64) {
+        for i in self.chunks_of(start, sectors) {
+            self.set(i);
+        }
+    }
+
+    /// How many bits are set.
+    #[must_use]
+    pub fn count(&self) -> u32 {
+        self.bytes.iter().map(|b| b.count_ones()).sum()
+    }
+
+    /// Whether no bit is set.
+    #[must_use]
+    pub fn is_clear(&self) -> bool {
+        self.bytes.iter().all(|&b| b == 0)
+    }
+
+    /// The set bits, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.bits).filter(|&i| self.get(i))
+    }
 }
 
 /// What is wrong with metadata, or with a set of components.
@@ -184,6 +315,8 @@ fn le64(b: &[u8], at: usize) -> u64 {
 const CRC_AT: usize = SIZE - 4;
 /// Where the per-side states start.
 const SIDES_AT: usize = 128;
+/// Where the write-intent bitmap starts.
+const BITMAP_AT: usize = 1024;
 
 impl Superblock {
     /// Metadata for component `role` of a new volume of `n` components, all in sync,
@@ -199,6 +332,8 @@ impl Superblock {
             dirty: false,
             sides: vec![Side::InSync; n],
             resync_from: 0,
+            cleared: 0,
+            bitmap: Bitmap::none(),
         }
     }
 
@@ -226,6 +361,11 @@ impl Superblock {
         b[56..64].copy_from_slice(&self.data_sectors.to_le_bytes());
         b[64] = u8::from(self.dirty);
         b[72..80].copy_from_slice(&self.resync_from.to_le_bytes());
+        b[80..88].copy_from_slice(&self.bitmap.chunk.to_le_bytes());
+        b[88..92].copy_from_slice(&self.bitmap.bits.to_le_bytes());
+        b[96..104].copy_from_slice(&self.cleared.to_le_bytes());
+        let nb = self.bitmap.bytes.len().min((MAX_BITS / 8) as usize);
+        b[BITMAP_AT..BITMAP_AT + nb].copy_from_slice(&self.bitmap.bytes[..nb]);
         for (i, s) in self.sides.iter().take(n).enumerate() {
             b[SIDES_AT + i] = s.code();
         }
@@ -284,8 +424,27 @@ impl Superblock {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let chunk = le64(b, 80);
+        let bits = le32(b, 88);
+        if bits > MAX_BITS || (chunk == 0) != (bits == 0) {
+            return Err(invalid(
+                "bitmap",
+                format!("{bits} bits of {chunk} sectors (up to {MAX_BITS}, both or neither 0)"),
+            ));
+        }
+        let nb = bits.div_ceil(8) as usize;
+        let bytes = b[BITMAP_AT..BITMAP_AT + nb].to_vec();
+        if bits % 8 != 0 && bytes[nb - 1] >> (bits % 8) != 0 {
+            return Err(invalid("bitmap", format!("bits set beyond bit {bits}")));
+        }
         // Version 1 uses nothing else: bytes that are not zero are not this format.
-        let reserved = [65..72, 80..SIDES_AT, SIDES_AT + n..CRC_AT];
+        let reserved = [
+            65..72,
+            92..96,
+            104..SIDES_AT,
+            SIDES_AT + n..BITMAP_AT,
+            BITMAP_AT + nb..CRC_AT,
+        ];
         if let Some(at) = reserved.into_iter().flatten().find(|&i| b[i] != 0) {
             return Err(invalid(
                 "reserved",
@@ -303,6 +462,8 @@ impl Superblock {
             dirty: b[64] == 1,
             sides,
             resync_from: le64(b, 72),
+            cleared: le64(b, 96),
+            bitmap: Bitmap { chunk, bits, bytes },
         })
     }
 }
@@ -367,6 +528,13 @@ pub enum Assembly {
         events: u64,
         /// Components that hold stale data, ascending.
         stale: Vec<usize>,
+        /// Of the stale components, those the write-intent bitmap cannot tell what they
+        /// lack (blank, or older than the bitmap's last clearing): they are copied whole.
+        whole: Vec<usize>,
+        /// The winner's write-intent bitmap.
+        bitmap: Bitmap,
+        /// The event count of the bitmap's last clearing.
+        cleared: u64,
     },
 }
 
@@ -436,10 +604,22 @@ pub fn assemble(
     if stale.len() == n {
         return Err(MetadataError::NoneInSync);
     }
+    let whole = stale
+        .iter()
+        .copied()
+        .filter(|&i| {
+            components[i]
+                .as_ref()
+                .is_none_or(|c| c.events < winner.cleared || winner.bitmap.chunk == 0)
+        })
+        .collect();
     Ok(Assembly::Existing {
         uuid: winner.uuid,
         events: winner.events,
         stale,
+        whole,
+        bitmap: winner.bitmap.clone(),
+        cleared: winner.cleared,
     })
 }
 
@@ -513,10 +693,62 @@ mod tests {
             Ok(Assembly::Existing {
                 uuid: [9; 16],
                 events: 3,
-                stale: vec![1]
+                stale: vec![1],
+                whole: vec![1],
+                bitmap: Bitmap::none(),
+                cleared: 0,
             })
         );
         assert_eq!(assemble(&[None, None], 77), Ok(Assembly::New));
+    }
+
+    #[test]
+    fn the_bitmap_travels_and_says_which_stale_sides_it_covers() {
+        let mut bm = Bitmap::for_sectors(1000);
+        assert_eq!((bm.chunk_sectors(), bm.bits()), (128, 8));
+        bm.set_range(130, 1);
+        bm.set(7);
+        let mut a = sb(0, 9, vec![Side::InSync, Side::Failed]);
+        a.bitmap = bm.clone();
+        a.cleared = 6;
+        let bytes = a.encode();
+        assert_eq!(Superblock::decode(&bytes).as_ref(), Ok(&a));
+        // A bit past the end is refused, not ignored.
+        let mut bad = bytes.clone();
+        bad[BITMAP_AT + 1] = 1;
+        let crc = crc32fast::hash(&bad[..CRC_AT]);
+        bad[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&bad),
+            Err(MetadataError::Invalid {
+                field: "reserved",
+                ..
+            })
+        ));
+        // Side 1 dropped at event 7, after the last clearing (6): the bitmap covers it.
+        let b = sb(1, 7, vec![Side::InSync; 2]);
+        let Ok(Assembly::Existing {
+            stale,
+            whole,
+            bitmap,
+            ..
+        }) = assemble(&[Some(a.clone()), Some(b)], 77)
+        else {
+            panic!("not assembled")
+        };
+        assert_eq!(
+            (stale, whole, bitmap.iter().collect::<Vec<_>>()),
+            (vec![1], vec![], vec![1, 7])
+        );
+        // Side 1 left before the clearing: copied whole.
+        let b = sb(1, 5, vec![Side::InSync; 2]);
+        let Ok(Assembly::Existing { whole, .. }) = assemble(&[Some(a), Some(b)], 77) else {
+            panic!("not assembled")
+        };
+        assert_eq!(whole, vec![1]);
+        // The largest components get larger chunks, never more than MAX_BITS.
+        let big = Bitmap::for_sectors(1 << 40);
+        assert!(big.bits() <= MAX_BITS && big.chunk_sectors() * u64::from(big.bits()) >= 1 << 40);
     }
 
     proptest! {

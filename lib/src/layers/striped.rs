@@ -4,10 +4,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 use tagstripe_quirks::{Limits, StripeShape};
+use tagstripe_striping::superblock::Side;
 use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
 
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
@@ -39,13 +40,24 @@ pub struct Striped {
     geometry: Geometry,
     components: Vec<Arc<dyn BlockDevice>>,
     reads: Mutex<ReadBalancer>,
-    /// Mirror sides that missed a write (stale): never read, no longer written.
-    failed: Vec<AtomicBool>,
+    /// Each component's state ([`side_code`]): in sync; failed (missed a write, stale:
+    /// never read, no longer written); resyncing (written, never read until copied back).
+    sides: Vec<AtomicU8>,
     /// Serialises dropping sides, so concurrent pieces never drop both sides of a pair.
     dropping: Mutex<()>,
     /// The on-disk metadata, when the volume keeps it: a dropped side is recorded there
     /// before the write that dropped it is acknowledged.
     keeper: std::sync::OnceLock<crate::metadata::Keeper>,
+    /// Where the volume's mirror events go (drops, resyncs), if anyone listens.
+    events: std::sync::OnceLock<crate::resync::EventSink>,
+}
+
+fn side_code(s: Side) -> u8 {
+    match s {
+        Side::InSync => 0,
+        Side::Failed => 1,
+        Side::Resyncing => 2,
+    }
 }
 
 impl Striped {
@@ -97,9 +109,10 @@ impl Striped {
         let policy = geometry.default_mirror_reads();
         Ok(Self {
             reads: Mutex::new(ReadBalancer::new(&geometry, policy)),
-            failed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            sides: (0..n).map(|_| AtomicU8::new(0)).collect(),
             dropping: Mutex::new(()),
             keeper: std::sync::OnceLock::new(),
+            events: std::sync::OnceLock::new(),
             info,
             geometry,
             components,
@@ -125,19 +138,100 @@ impl Striped {
     /// stale data): the volume keeps serving from their partners, degraded. Empty when
     /// healthy (always, without a mirror).
     pub fn failed_components(&self) -> Vec<usize> {
-        (0..self.failed.len())
+        (0..self.sides.len())
             .filter(|&i| self.is_failed(i))
             .collect()
     }
 
+    /// Component `i`'s state.
+    pub(crate) fn side(&self, i: usize) -> Side {
+        match self.sides[i].load(Ordering::Acquire) {
+            0 => Side::InSync,
+            1 => Side::Failed,
+            _ => Side::Resyncing,
+        }
+    }
+
+    pub(crate) fn set_side(&self, i: usize, s: Side) {
+        self.sides[i].store(side_code(s), Ordering::Release);
+    }
+
+    /// Dropped: neither read nor written.
     pub(crate) fn is_failed(&self, i: usize) -> bool {
-        self.failed[i].load(Ordering::Relaxed)
+        self.side(i) == Side::Failed
+    }
+
+    /// In sync: may be read.
+    pub(crate) fn readable(&self, i: usize) -> bool {
+        self.side(i) == Side::InSync
     }
 
     /// Marks component `i` as holding stale data (from the metadata, at open): never read,
     /// no longer written.
     pub(crate) fn mark_failed(&self, i: usize) {
-        self.failed[i].store(true, Ordering::Relaxed);
+        self.set_side(i, Side::Failed);
+    }
+
+    /// Drops component `c` from the mirror for `error`, if its partner `q` is in sync (two
+    /// concurrent failures must never drop both sides of a pair). Whether it was dropped.
+    pub(crate) fn try_drop(&self, c: usize, q: usize, error: &dyn std::fmt::Display) -> bool {
+        let _g = self.dropping.lock();
+        if !self.readable(q) || self.is_failed(c) {
+            return self.is_failed(c);
+        }
+        self.mark_failed(c);
+        if let Some(k) = self.keeper.get() {
+            k.note_drop(c);
+        }
+        tracing::warn!(
+            target: "tagstripe::mirror",
+            volume = %self.info.name,
+            component = c,
+            partner = q,
+            error = %error,
+            "mirror side dropped: it failed a write its partner took; the volume serves degraded"
+        );
+        self.emit(crate::MirrorEvent::Dropped {
+            component: c,
+            error: error.to_string(),
+        });
+        true
+    }
+
+    /// Sets each of `targets` resyncing (written, not read) whose partner is in sync now,
+    /// atomically with drops (a partner cannot be dropped once its side resyncs); returns
+    /// those set.
+    pub(crate) fn begin_resync(&self, targets: &[usize]) -> Vec<usize> {
+        let _g = self.dropping.lock();
+        targets
+            .iter()
+            .copied()
+            .filter(|&t| {
+                let ok = self.readable(self.partner(t)) && t != self.partner(t);
+                if ok {
+                    self.set_side(t, Side::Resyncing);
+                }
+                ok
+            })
+            .collect()
+    }
+
+    /// Sends `e` to whoever listens ([`crate::VolumeBuilder::on_event`]).
+    pub(crate) fn emit(&self, e: crate::MirrorEvent) {
+        if let Some(sink) = self.events.get() {
+            (sink.0)(&e);
+        }
+    }
+
+    /// Where mirror events go from now on (once).
+    pub(crate) fn set_events(&self, sink: crate::resync::EventSink) {
+        let _ = self.events.set(sink);
+    }
+
+    /// The mirror partner of component `i` (ccd mirrors the first half onto the second).
+    pub(crate) fn partner(&self, i: usize) -> usize {
+        let half = self.components.len() / 2;
+        if i < half { i + half } else { i - half }
     }
 
     /// The metadata keeper, if the volume keeps metadata.
@@ -158,12 +252,13 @@ impl Striped {
         };
         let first = self.reads.lock().choose(p).1;
         let other = if first == m { p.component } else { m };
-        match (self.is_failed(first), self.is_failed(other)) {
-            (false, false) => (first, Some(other)),
-            (true, false) => (other, None),
-            (false, true) => (first, None),
-            // Both failed cannot happen (the last side is never dropped); read what there is.
-            (true, true) => (first, None),
+        match (self.readable(first), self.readable(other)) {
+            (true, true) => (first, Some(other)),
+            (false, true) => (other, None),
+            (true, false) => (first, None),
+            // Neither in sync cannot happen (the last side is never dropped); read what
+            // there is.
+            (false, false) => (first, None),
         }
     }
 
@@ -201,27 +296,11 @@ impl Striped {
                 Some(m) if m == c => Some(p.component),
                 m => m,
             };
-            // Drop this side only if its partner took the write and is itself still whole:
-            // two concurrent pieces must not drop both sides of the pair.
-            let dropped = ok > 0
-                && !e.is_retryable()
-                && partner.is_some_and(|q| {
-                    let _g = self.dropping.lock();
-                    if self.is_failed(q) {
-                        false
-                    } else {
-                        self.failed[c].store(true, Ordering::Relaxed);
-                        tracing::warn!(
-                            target: "tagstripe::mirror",
-                            volume = %self.info.name,
-                            component = c,
-                            partner = q,
-                            error = %e,
-                            "mirror side dropped: it failed a write its partner took; the volume serves degraded"
-                        );
-                        true
-                    }
-                });
+            // Drop this side only if its partner took the write and is itself in sync: two
+            // concurrent pieces must not drop both sides of the pair, and a side being
+            // resynced cannot stand in for one.
+            let dropped =
+                ok > 0 && !e.is_retryable() && partner.is_some_and(|q| self.try_drop(c, q, &e));
             dropped_any |= dropped;
             if !dropped && first_err.is_none() {
                 first_err = Some(component(c, Some(p.lblk), e));
@@ -238,6 +317,15 @@ impl Striped {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// With a write-intent bitmap: the pieces' regions marked durably before they are
+    /// written (the guard holds them as in flight until dropped).
+    async fn intent(&self, pieces: &[Piece]) -> Result<Option<crate::metadata::WriteGuard<'_>>> {
+        match self.keeper.get() {
+            Some(k) if k.has_bitmap() => Ok(Some(k.begin_write(self, pieces).await?)),
+            _ => Ok(None),
+        }
     }
 
     fn pieces(&self, start: u64, sectors: u64) -> Result<Vec<Piece>> {
@@ -332,6 +420,7 @@ impl BlockDevice for Striped {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         let pieces = self.pieces(start, sectors)?;
+        let _intent = self.intent(&pieces).await?;
         let writes = pieces.iter().map(|p| {
             let off = ((p.lblk - start) * 512) as usize;
             let part = data.slice(off..off + p.count as usize * 512);
@@ -345,6 +434,12 @@ impl BlockDevice for Striped {
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
+        // What was written before now is durable on every side once this flush is: the
+        // bitmap's bits for it may then be cleared.
+        let sweep = self
+            .keeper
+            .get()
+            .and_then(crate::metadata::Keeper::flush_mark);
         // A side dropped from the mirror holds nothing the volume still needs.
         let flushes = self
             .components
@@ -353,6 +448,9 @@ impl BlockDevice for Striped {
             .filter(|&(i, _)| !self.is_failed(i))
             .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, None, e)) });
         super::all(flushes).await?;
+        if let (Some(k), Some((epoch, chunks))) = (self.keeper.get(), sweep) {
+            k.sweep(self, epoch, &chunks, true).await;
+        }
         Ok(())
     }
 
@@ -365,6 +463,7 @@ impl BlockDevice for Striped {
     ) -> Result<()> {
         crate::device::check_zeroes(&self.info, start, sectors)?;
         let pieces = self.pieces(start, sectors)?;
+        let _intent = self.intent(&pieces).await?;
         let zeroes = pieces.iter().map(|p| {
             self.on_sides(p, move |c| async move {
                 self.components[c]
@@ -379,6 +478,7 @@ impl BlockDevice for Striped {
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         let pieces = self.pieces(start, sectors)?;
+        let _intent = self.intent(&pieces).await?;
         let discards = pieces.iter().map(|p| {
             self.on_sides(p, move |c| async move {
                 self.components[c].discard(p.cblk, p.count, opts).await
@@ -395,7 +495,7 @@ impl BlockDevice for Striped {
         let pieces = self.pieces(start, sectors)?;
         let asks = pieces.iter().map(|p| {
             let c = match p.mirror {
-                Some(m) if self.is_failed(p.component) => m,
+                Some(m) if !self.readable(p.component) => m,
                 _ => p.component,
             };
             async move {
