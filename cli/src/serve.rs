@@ -145,6 +145,10 @@ fn say_event(e: &MirrorEvent) {
         MirrorEvent::Dropped { component, error } => say_err(&format!(
             "mirror side {component} dropped ({error}): the volume serves degraded"
         )),
+        MirrorEvent::Stale { component } => say_err(&format!(
+            "mirror side {component} is stale (its metadata is behind the volume's): it is not \
+             read; the volume serves degraded until it is resynced"
+        )),
         MirrorEvent::ResyncStarted {
             components,
             sectors,
@@ -267,14 +271,6 @@ async fn serve(args: &ServeArgs) -> ExitCode {
             .on_event(say_event)
             .open()
             .await;
-        if let Ok(v) = &vol {
-            for side in v.degraded() {
-                say_err(&format!(
-                    "mirror side {side} is stale (its metadata is behind the volume's): it is \
-                     not read; the volume serves degraded"
-                ));
-            }
-        }
         match vol {
             Ok(v) => {
                 let v = Arc::new(v);

@@ -64,6 +64,10 @@ struct Tally {
     unnamed: u64,
     degraded: Vec<usize>,
     dropped_connections: u64,
+    /// Restarts of a volume with metadata (dropped mid-flight, opened again).
+    restarts: u64,
+    /// Resyncs started.
+    resyncs: u64,
 }
 
 type Faulty = Arc<FaultDevice<Arc<dyn BlockDevice>>>;
@@ -75,6 +79,41 @@ struct Rig {
     vol: Volume,
     faults: Vec<Faulty>,
     drop_conn: Option<tokio::task::JoinHandle<()>>,
+    /// A mirror with metadata: restarted and resynced in the loop.
+    restarts: bool,
+}
+
+/// A FreeBSD mirror with metadata over `faults`, opened (the first open makes it).
+async fn open_mirror(faults: &[Faulty]) -> tagstripe::Result<Volume> {
+    let comps: Vec<Arc<dyn BlockDevice>> = faults
+        .iter()
+        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .collect();
+    Volume::builder(comps)
+        .interleave(16)
+        .flavor(Flavor::FreeBsd)
+        .mirror(true)
+        .metadata(true)
+        .quirks(QuirkSet::empty())
+        .open()
+        .await
+}
+
+/// Opens the mirror again after a restart; random faults may fail an open (its metadata
+/// reads and writes meet them too), so it is tried again, and at last with faults off.
+async fn reopen(faults: &[Faulty]) -> Result<Volume, String> {
+    for _ in 0..20 {
+        if let Ok(v) = open_mirror(faults).await {
+            return Ok(v);
+        }
+    }
+    let rules: Vec<_> = faults.iter().map(|f| f.injected()).collect();
+    for f in faults {
+        f.clear();
+    }
+    open_mirror(faults).await.map_err(|e| {
+        format!("the mirror did not open again with faults off ({rules:?} faults so far): {e}")
+    })
 }
 
 fn mem_faulty(n: usize, sectors: u64) -> Vec<Faulty> {
@@ -153,10 +192,16 @@ async fn nbd_mirror() -> Result<Rig, String> {
         vol,
         faults: side0,
         drop_conn: Some(handles.swap_remove(0)),
+        restarts: false,
     })
 }
 
-async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Tally) {
+async fn work(
+    mut rig: Rig,
+    until: Instant,
+    rate: f64,
+    seed: u64,
+) -> Result<(String, Tally), String> {
     let mut t = Tally::default();
     let mut rng = Rng::new(seed);
     let total = rig.vol.info().sectors;
@@ -194,6 +239,18 @@ async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Ta
             rig.drop_conn = None;
             t.dropped_connections += 1;
             force_write = true;
+        }
+        // A mirror with metadata: now and then degraded sides are resynced, and the
+        // volume is restarted as a crash would leave it (a resync under way stops where
+        // it is; the next open goes on from the bitmap).
+        if rig.restarts && t.ops % 150 == 75 && rig.vol.resync().is_ok() {
+            t.resyncs += 1;
+        }
+        if rig.restarts && t.ops % 300 == 299 {
+            rig.vol.stop_resync().await;
+            let old = std::mem::replace(&mut rig.vol, reopen(&rig.faults).await?);
+            drop(old);
+            t.restarts += 1;
         }
         t.ops += 1;
         let s = rng.below(total);
@@ -249,6 +306,17 @@ async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Ta
         t.faults += f.injected();
         f.clear();
     }
+    if rig.restarts {
+        // Healed: one more restart, and every side copied back.
+        rig.vol.stop_resync().await;
+        drop(std::mem::replace(&mut rig.vol, reopen(&rig.faults).await?));
+        rig.vol.wait_resync().await;
+        if rig.vol.resync().is_ok() {
+            t.resyncs += 1;
+            rig.vol.wait_resync().await;
+        }
+        t.restarts += 1;
+    }
     for s in (0..total).step_by(256) {
         let n = 256.min(total - s);
         match rig.vol.read(s, n, IoOpts::new()).await {
@@ -259,7 +327,7 @@ async fn work(mut rig: Rig, until: Instant, rate: f64, seed: u64) -> (String, Ta
         }
     }
     t.degraded = rig.vol.degraded();
-    (rig.name.to_owned(), t)
+    Ok((rig.name.to_owned(), t))
 }
 
 fn check(got: &[u8], s: u64, data: &[u8], unknown: &[bool], t: &mut Tally) {
@@ -288,9 +356,9 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
         let until = Instant::now() + Duration::from_secs_f64(a.minutes * 60.0);
         let mut rigs = Vec::new();
         let f = mem_faulty(3, 4096);
-        rigs.push(Rig { name: "concat", vol: build(&f, 0, Flavor::NetBsd, false, false), faults: f, drop_conn: None });
+        rigs.push(Rig { name: "concat", vol: build(&f, 0, Flavor::NetBsd, false, false), faults: f, drop_conn: None, restarts: false });
         let f = mem_faulty(3, 4096);
-        rigs.push(Rig { name: "stripes", vol: build(&f, 16, Flavor::NetBsd, false, false), faults: f, drop_conn: None });
+        rigs.push(Rig { name: "stripes", vol: build(&f, 16, Flavor::NetBsd, false, false), faults: f, drop_conn: None, restarts: false });
         let f: Vec<Faulty> = [3000u64, 4096, 3500]
             .iter()
             .enumerate()
@@ -299,9 +367,14 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
                 Arc::new(FaultDevice::new(m))
             })
             .collect();
-        rigs.push(Rig { name: "uniform", vol: build(&f, 32, Flavor::NetBsd, false, true), faults: f, drop_conn: None });
+        rigs.push(Rig { name: "uniform", vol: build(&f, 32, Flavor::NetBsd, false, true), faults: f, drop_conn: None, restarts: false });
         let f = mem_faulty(2, 8192);
-        rigs.push(Rig { name: "mirror", vol: build(&f, 16, Flavor::FreeBsd, true, false), faults: f, drop_conn: None });
+        let vol = match open_mirror(&f).await {
+            Ok(v) => v,
+            Err(e) => return crate::fail("bench soak", "mirror", &e.to_string(), a.json),
+        };
+        // The mirror keeps metadata: restarted and resynced in the loop.
+        rigs.push(Rig { name: "mirror", vol, faults: f, drop_conn: None, restarts: true });
         match nbd_mirror().await {
             Ok(r) => rigs.push(r),
             Err(e) => return crate::fail("bench soak", "nbd", &e, a.json),
@@ -314,7 +387,8 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
         let mut results = Vec::new();
         for t in tasks {
             match t.await {
-                Ok(r) => results.push(r),
+                Ok(Ok(r)) => results.push(r),
+                Ok(Err(e)) => return crate::fail("bench soak", "restart", &e, a.json),
                 Err(e) => return crate::fail("bench soak", "worker", &e.to_string(), a.json),
             }
         }
@@ -323,7 +397,7 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
         if a.json {
             let per: Vec<_> = results
                 .iter()
-                .map(|(n, t)| json!({"volume": n, "ops": t.ops, "failed_ops": t.failed_ops, "faults": t.faults, "bytes_verified": t.verified, "bytes_lost": t.lost, "sectors_unavailable": t.unavailable, "sectors_unnamed_errors": t.unnamed, "degraded": t.degraded, "dropped_connections": t.dropped_connections}))
+                .map(|(n, t)| json!({"volume": n, "ops": t.ops, "failed_ops": t.failed_ops, "faults": t.faults, "bytes_verified": t.verified, "bytes_lost": t.lost, "sectors_unavailable": t.unavailable, "sectors_unnamed_errors": t.unnamed, "degraded": t.degraded, "dropped_connections": t.dropped_connections, "restarts": t.restarts, "resyncs": t.resyncs}))
                 .collect();
             outln!("{}", json!({"minutes": a.minutes, "fault_rate": a.fault_rate, "seed": a.seed, "ops": ops, "faults": faults, "bytes_verified": verified, "bytes_lost": lost, "volumes": per}));
         } else {

@@ -492,30 +492,41 @@ fn serve_mirror_with_geometry_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The mirror that forgot which side was stale, fixed: side 0 an nbdkit export behind the
-/// error filter (writes fail while a trigger file exists), side 1 a file. Write A, arm the
-/// trigger, write B (side 0 is dropped, every write succeeds), stop; disarm, serve again on
-/// the same components: side 0 is announced stale, and everything reads B, though side 0
-/// itself still holds A.
+/// The mirror that forgot which side was stale, fixed and healed: side 0 an nbdkit export
+/// behind the error filter (writes fail while a trigger file exists), side 1 an nbdkit file
+/// export whose reads fail while another trigger exists. A new mirror first copies side 1
+/// from side 0; write A, arm side 0's trigger, write B (side 0 is dropped, every write
+/// succeeds), stop; disarm, serve again on the same components: side 0 is announced stale,
+/// everything reads B, a resync of side 0 is announced and completes; then, with side 1's
+/// reads failing, everything still reads B, from side 0.
 #[test]
-fn serve_mirror_remembers_a_stale_side_across_a_restart() {
+fn serve_mirror_remembers_a_stale_side_across_a_restart_and_resyncs_it() {
     if !have("nbdkit") || !have("qemu-io") {
         return;
     }
     let dir = scratch("mirror-restart");
-    let trigger = dir.join("trigger");
-    let kit = peers::nbdkit(&[
+    let trigger0 = dir.join("trigger0");
+    let trigger1 = dir.join("trigger1");
+    let kit0 = peers::nbdkit(&[
         "--filter=error",
         "memory",
         "16M",
         "error-pwrite-rate=100%",
-        &format!("error-pwrite-file={}", trigger.display()),
+        &format!("error-pwrite-file={}", trigger0.display()),
     ]);
-    let side1 = dir.join("side1.img");
-    std::fs::File::create(&side1)
+    let file1 = dir.join("side1.img");
+    std::fs::File::create(&file1)
         .and_then(|f| f.set_len(16 << 20))
         .unwrap();
-    let side0 = format!("nbd://127.0.0.1:{}/", kit.port);
+    let kit1 = peers::nbdkit(&[
+        "--filter=error",
+        "file",
+        file1.to_str().unwrap(),
+        "error-pread-rate=100%",
+        &format!("error-pread-file={}", trigger1.display()),
+    ]);
+    let side0 = format!("nbd://127.0.0.1:{}/", kit0.port);
+    let side1 = format!("nbd://127.0.0.1:{}/", kit1.port);
     let args = [
         "--flavor",
         "freebsd",
@@ -524,38 +535,123 @@ fn serve_mirror_remembers_a_stale_side_across_a_restart() {
         "--interleave",
         "16",
         side0.as_str(),
-        side1.to_str().unwrap(),
+        side1.as_str(),
     ];
     // 16 MiB less the 16 sectors of metadata.
     let size = (16 << 20) - 16 * 512;
-    let s = Serve::start(&args);
+    let mut s = Serve::start(&args);
+    let first = s.wait_err("resync complete");
+    assert!(first.contains("side 1 in sync"), "{first}");
     qemu_io(&s.url, &[format!("write -P 0xaa 0 {size}")]);
-    std::fs::write(&trigger, b"").unwrap();
+    std::fs::write(&trigger0, b"").unwrap();
     qemu_io(
         &s.url,
         &[format!("write -P 0xbb 0 {size}"), "flush".to_owned()],
     );
     let (ok, err) = s.stop();
     assert!(ok, "{err}");
-    std::fs::remove_file(&trigger).unwrap();
+    assert!(err.contains("mirror side 0 dropped"), "{err}");
+    std::fs::remove_file(&trigger0).unwrap();
+    // Side 0 still holds A.
+    qemu_io(&side0, &["read -P 0xaa 0 1M".to_owned()]);
 
-    let s = Serve::start(&args);
+    let mut s = Serve::start(&args);
+    // Reads while the resync may still run: B, never A.
+    qemu_io(&s.url, &[format!("read -P 0xbb 0 {size}")]);
+    let started = s.wait_err("resync of side 0 started");
+    assert!(started.contains("16.0 MiB"), "{started}");
+    let done = s.wait_err("resync complete");
+    assert!(done.contains("side 0 in sync"), "{done}");
+    // Side 0 holds B now; with side 1's reads failing everything is still B.
+    qemu_io(&side0, &[format!("read -P 0xbb 0 {size}")]);
+    std::fs::write(&trigger1, b"").unwrap();
     qemu_io(&s.url, &[format!("read -P 0xbb 0 {size}")]);
     let (ok, err) = s.stop();
     assert!(ok, "{err}");
     assert!(err.contains("mirror side 0 is stale"), "{err}");
-    // Side 0 itself still holds A: it was never read.
-    qemu_io(&side0, &["read -P 0xaa 0 1M".to_owned()]);
-    // `info` shows side 1's metadata: side 0 failed.
+    std::fs::remove_file(&trigger1).unwrap();
+    // `info` shows side 1's metadata: both sides in sync, the bitmap clean (flushed at stop).
     let out = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
-        .args(["info", side1.to_str().unwrap()])
+        .args(["info", file1.to_str().unwrap()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("component 1 of 2") && text.contains("sides [failed, in-sync]"),
+        text.contains("component 1 of 2") && text.contains("sides [in-sync, in-sync]"),
         "{text}"
     );
-    drop(kit);
+    drop((kit0, kit1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGKILL in the middle of a resync, then a restart: the resync goes on from where it was
+/// recorded (less to copy than the first time), and nothing is lost. Side 1 is slow (nbdkit's
+/// delay filter), side 0 a file with data; a client writes during the second resync.
+#[test]
+fn a_resync_killed_midway_resumes_and_loses_nothing() {
+    if !have("nbdkit") || !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("mirror-kill");
+    const MIB: usize = 1 << 20;
+    let size = 96 * MIB;
+    let file0 = dir.join("side0.img");
+    let file1 = dir.join("side1.img");
+    // Side 0: a pattern that differs in every MiB; side 1: blank.
+    let data: Vec<u8> = (0..size).map(|i| ((i / MIB) as u8) ^ (i as u8)).collect();
+    std::fs::write(&file0, &data).unwrap();
+    std::fs::File::create(&file1)
+        .and_then(|f| f.set_len(size as u64))
+        .unwrap();
+    let kit1 = peers::nbdkit(&[
+        "--filter=delay",
+        "file",
+        file1.to_str().unwrap(),
+        "delay-write=25ms",
+    ]);
+    let side1 = format!("nbd://127.0.0.1:{}/", kit1.port);
+    let args = [
+        "--flavor",
+        "freebsd",
+        "--mirror",
+        "--no-offset",
+        "--interleave",
+        "16",
+        file0.to_str().unwrap(),
+        side1.as_str(),
+    ];
+    let mut s = Serve::start(&args);
+    let first = s.wait_err("resync of side 1 started");
+    assert!(first.contains("(the whole side)"), "{first}");
+    // Killed once progress is on disk.
+    s.wait_err("recorded");
+    s.kill();
+
+    let mut s = Serve::start(&args);
+    let again = s.wait_err("resync of side 1 started");
+    let mib_of = |line: &str| -> f64 {
+        let at = line.find(" MiB to copy").unwrap();
+        line[..at].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (whole, rest) = (mib_of(&first), mib_of(&again));
+    assert!(
+        rest < whole,
+        "resumed with {rest} MiB of {whole} MiB to copy"
+    );
+    // A write while the resync runs reaches both sides.
+    qemu_io(&s.url, &["write -P 0x77 90M 1M".to_owned()]);
+    s.wait_err("resync complete");
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    // Both sides hold the same data area: side 0's pattern, and the write.
+    let mut want = data.clone();
+    want[90 * MIB..91 * MIB].fill(0x77);
+    let meta = 16 * 512;
+    for f in [&file0, &file1] {
+        let got = std::fs::read(f).unwrap();
+        let bad = (0..size - meta).find(|&i| got[i] != want[i]);
+        assert_eq!(bad, None, "{} differs at byte {bad:?}", f.display());
+    }
+    drop(kit1);
     let _ = std::fs::remove_dir_all(&dir);
 }

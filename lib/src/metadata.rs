@@ -540,6 +540,7 @@ pub(crate) async fn open(s: &Striped, assume_clean: bool) -> Result<Plan> {
                     component = i,
                     "component is stale (its metadata is behind the volume's): not read"
                 );
+                s.emit(crate::MirrorEvent::Stale { component: i });
             }
             // Metadata from before bitmaps (or of another bitmap size): nothing it says of
             // the stale sides can be trusted, they are copied whole.

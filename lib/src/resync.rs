@@ -42,6 +42,12 @@ pub enum MirrorEvent {
         /// What it said.
         error: String,
     },
+    /// Found stale when the volume was opened (its metadata is behind the volume's, or it
+    /// is blank): never read until resynced.
+    Stale {
+        /// The side.
+        component: usize,
+    },
     /// A resync started: `sectors` of each side in `components` are copied from its
     /// partner (the bitmap's chunks, or everything when `whole`).
     ResyncStarted {

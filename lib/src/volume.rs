@@ -661,6 +661,18 @@ impl Volume {
         let _ = rx.wait_for(|running| !*running).await;
     }
 
+    /// Stops a resync under way (as a crash would: the next open, or
+    /// [`resync`](Self::resync), goes on from what the bitmap on disk says) and returns once
+    /// its task has ended.
+    pub async fn stop_resync(&self) {
+        let task = self.resync_task.lock().take();
+        if let Some(t) = task {
+            t.abort();
+            let _ = t.await;
+        }
+        self.resyncing.send_replace(false);
+    }
+
     fn start_resync(&self, targets: Vec<usize>) {
         let s = Arc::clone(&self.striped);
         let tx = self.resyncing.clone();

@@ -10,6 +10,10 @@ pub struct Serve {
     pub child: Child,
     pub url: String,
     pub out: Vec<String>,
+    /// Standard error, once [`Serve::wait_err`] started reading it.
+    err: Option<BufReader<std::process::ChildStderr>>,
+    /// The lines of standard error read so far.
+    pub err_lines: Vec<String>,
 }
 
 impl Serve {
@@ -44,7 +48,42 @@ impl Serve {
         }
         // Keep draining stdout so the server never writes into a closed pipe.
         std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
-        Self { child, url, out }
+        Self {
+            child,
+            url,
+            out,
+            err: None,
+            err_lines: Vec::new(),
+        }
+    }
+
+    /// Reads standard error up to the first line that contains `needle` and returns it
+    /// (panics if the server ends first, with what it said).
+    pub fn wait_err(&mut self, needle: &str) -> String {
+        if self.err.is_none() {
+            self.err = Some(BufReader::new(self.child.stderr.take().unwrap()));
+        }
+        let r = self.err.as_mut().unwrap();
+        loop {
+            let mut line = String::new();
+            let n = r.read_line(&mut line).unwrap();
+            assert!(
+                n > 0,
+                "serve ended before saying {needle:?}: {:?}",
+                self.err_lines
+            );
+            let line = line.trim_end().to_owned();
+            self.err_lines.push(line.clone());
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    /// SIGKILL, as a crash: no flush, no clean stop.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// SIGTERM, then the exit status and stderr.
@@ -52,13 +91,21 @@ impl Serve {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         let mut err = String::new();
+        for l in &self.err_lines {
+            err.push_str(l);
+            err.push('\n');
+        }
         use std::io::Read as _;
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        match self.err.take() {
+            Some(mut r) => r.read_to_string(&mut err).unwrap(),
+            None => self
+                .child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap(),
+        };
         let ok = self.child.wait().unwrap().success();
         (ok, err)
     }
