@@ -190,7 +190,7 @@ fn metadata_line(m: &Meta) -> String {
     match m {
         Ok(None) => "metadata: none".to_owned(),
         Ok(Some(sb)) => format!(
-            "metadata: volume {}, component {} of {}, events {}, {}, sides [{}], data {} sectors",
+            "metadata: volume {}, component {} of {}, events {}, {}, sides [{}], data {} sectors{}",
             uuid_hex(&sb.uuid),
             sb.role,
             sb.sides.len(),
@@ -201,7 +201,17 @@ fn metadata_line(m: &Meta) -> String {
                 .map(|&s| side_name(s))
                 .collect::<Vec<_>>()
                 .join(", "),
-            sb.data_sectors
+            sb.data_sectors,
+            if sb.bitmap.chunk_sectors() == 0 {
+                String::new()
+            } else {
+                format!(
+                    ", bitmap {} of {} chunks of {} KiB dirty",
+                    sb.bitmap.count(),
+                    sb.bitmap.bits(),
+                    sb.bitmap.chunk_sectors() / 2
+                )
+            }
         ),
         Err(e) => format!("metadata: unreadable: {e}"),
     }
@@ -218,6 +228,12 @@ fn metadata_json(m: &Meta) -> serde_json::Value {
             "dirty": sb.dirty,
             "sides": sb.sides.iter().map(|&s| side_name(s)).collect::<Vec<_>>(),
             "data_sectors": sb.data_sectors,
+            "bitmap": {
+                "chunk_sectors": sb.bitmap.chunk_sectors(),
+                "chunks": sb.bitmap.bits(),
+                "dirty": sb.bitmap.count(),
+            },
+            "resync_from": sb.resync_from,
         }),
         Err(e) => json!({"error": e.to_string()}),
     }

@@ -67,18 +67,66 @@ async fn write(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
         .await
 }
 
-/// The bitmap's bookkeeping in memory.
-struct Bits {
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+
+/// A bitmap of atomic words.
+struct Bits(Vec<AtomicU64>);
+
+impl Bits {
+    fn new(n: u32) -> Self {
+        Self((0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+    fn get(&self, i: u32) -> bool {
+        self.0[(i / 64) as usize].load(SeqCst) & (1 << (i % 64)) != 0
+    }
+    fn set(&self, i: u32) {
+        self.0[(i / 64) as usize].fetch_or(1 << (i % 64), SeqCst);
+    }
+    fn clear(&self, i: u32) {
+        self.0[(i / 64) as usize].fetch_and(!(1 << (i % 64)), SeqCst);
+    }
+    fn ones(&self, n: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..n).filter(|&i| self.get(i))
+    }
+}
+
+/// The bitmap's bookkeeping in memory: atomics on the write path, a lock for the rest.
+struct Map {
     /// The chunks where the sides may differ: what the next copy written carries.
-    map: Bitmap,
+    map: Bits,
     /// The chunks known to be set on disk (never more than any trusted copy holds).
-    durable: Bitmap,
+    durable: Bits,
     /// Writes in flight per chunk.
-    inflight: Vec<u32>,
+    inflight: Vec<AtomicU32>,
     /// Per chunk, the flush epoch in which it was last written.
-    last: Vec<u64>,
+    last: Vec<AtomicU64>,
     /// The present flush epoch.
-    epoch: u64,
+    epoch: AtomicU64,
+    /// How many bits.
+    n: u32,
+    /// An empty bitmap of this shape (for copies to be written).
+    shape: Bitmap,
+    /// A resync copies: writes take their chunks' shard locks.
+    copying: AtomicBool,
+    /// Writes in flight that took no shard lock.
+    unlocked: AtomicUsize,
+    /// Told when the last of those ends while a resync waits.
+    drained: tokio::sync::Notify,
+}
+
+impl Map {
+    fn snapshot(&self) -> Bitmap {
+        let mut b = self.shape.clone();
+        for i in self.map.ones(self.n) {
+            b.set(i);
+        }
+        b
+    }
+}
+
+/// The rest of the bookkeeping, seldom touched.
+#[derive(Debug)]
+struct Slow {
     /// The event count of the last clearing written.
     cleared: u64,
     /// Bits were cleared since the last copy written.
@@ -89,18 +137,6 @@ struct Bits {
     progress: Option<(u64, u64)>,
 }
 
-impl std::fmt::Debug for Bits {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bits")
-            .field("dirty", &self.map.count())
-            .field("durable", &self.durable.count())
-            .field("epoch", &self.epoch)
-            .field("cleared", &self.cleared)
-            .field("progress", &self.progress)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Keeps a volume's metadata: its identity, the event count last written, and the
 /// write-intent bitmap of a mirror.
 pub(crate) struct Keeper {
@@ -109,11 +145,12 @@ pub(crate) struct Keeper {
     events: tokio::sync::Mutex<u64>,
     /// The sides' states as last written durably (empty before the first write).
     written: parking_lot::Mutex<Vec<Side>>,
-    bits: parking_lot::Mutex<Bits>,
+    bits: Map,
+    slow: parking_lot::Mutex<Slow>,
     /// Sectors per bit (0: no bitmap, a volume without a mirror).
     chunk: u64,
-    /// Writes hold their chunks' shards shared; the resync holds them exclusively while
-    /// it copies, so no write lands between its read of a chunk and its write of it.
+    /// While a resync copies, writes hold their chunks' shards shared and the resync holds
+    /// them exclusively, so no write lands between its read of a chunk and its write of it.
     pub(crate) shards: Vec<tokio::sync::RwLock<()>>,
     /// Per side dropped in this process: the bitmap's last clearing at the time.
     dropped_at: parking_lot::Mutex<Vec<Option<u64>>>,
@@ -123,8 +160,25 @@ impl std::fmt::Debug for Keeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Keeper")
             .field("chunk", &self.chunk)
-            .field("bits", &*self.bits.lock())
+            .field("dirty", &self.bits.map.ones(self.bits.n).count())
+            .field("slow", &*self.slow.lock())
             .finish_non_exhaustive()
+    }
+}
+
+/// A write's chunks: one run (the common case, no allocation) or a list.
+#[derive(Debug)]
+enum Chunks {
+    Run(std::ops::Range<u32>),
+    List(Vec<u32>),
+}
+
+impl Chunks {
+    fn each(&self, mut f: impl FnMut(u32)) {
+        match self {
+            Self::Run(r) => r.clone().for_each(f),
+            Self::List(l) => l.iter().for_each(|&c| f(c)),
+        }
     }
 }
 
@@ -132,16 +186,30 @@ impl std::fmt::Debug for Keeper {
 #[derive(Debug)]
 pub(crate) struct WriteGuard<'a> {
     keeper: &'a Keeper,
-    chunks: Vec<u32>,
+    chunks: Chunks,
+    /// Whether it took no shard lock (no resync was copying when it began).
+    unlocked: bool,
     _locks: Vec<tokio::sync::RwLockReadGuard<'a, ()>>,
 }
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        let mut b = self.keeper.bits.lock();
-        for &c in &self.chunks {
-            b.inflight[c as usize] -= 1;
+        let m = &self.keeper.bits;
+        self.chunks.each(|c| {
+            m.inflight[c as usize].fetch_sub(1, SeqCst);
+        });
+        if self.unlocked && m.unlocked.fetch_sub(1, SeqCst) == 1 && m.copying.load(SeqCst) {
+            m.drained.notify_waiters();
         }
+    }
+}
+
+/// Stops writes taking shard locks when dropped (the end of a resync, or its abort).
+pub(crate) struct Copying<'a>(&'a Keeper);
+
+impl Drop for Copying<'_> {
+    fn drop(&mut self) {
+        self.0.bits.copying.store(false, SeqCst);
     }
 }
 
@@ -155,19 +223,36 @@ impl Keeper {
         bitmap: Bitmap,
         cleared: u64,
     ) -> Self {
-        let n = bitmap.bits() as usize;
+        let n = bitmap.bits();
+        let map = Bits::new(n);
+        let durable = Bits::new(n);
+        for i in bitmap.iter() {
+            map.set(i);
+            durable.set(i);
+        }
+        let mut shape = bitmap.clone();
+        for i in 0..n {
+            shape.clear(i);
+        }
         Self {
             uuid,
             fingerprint,
             events: tokio::sync::Mutex::new(events),
             written: parking_lot::Mutex::new(Vec::new()),
             chunk: bitmap.chunk_sectors(),
-            bits: parking_lot::Mutex::new(Bits {
-                durable: bitmap.clone(),
-                map: bitmap,
-                inflight: vec![0; n],
-                last: vec![0; n],
-                epoch: 1,
+            bits: Map {
+                map,
+                durable,
+                inflight: (0..n).map(|_| AtomicU32::new(0)).collect(),
+                last: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                epoch: AtomicU64::new(1),
+                n,
+                shape,
+                copying: AtomicBool::new(false),
+                unlocked: AtomicUsize::new(0),
+                drained: tokio::sync::Notify::new(),
+            },
+            slow: parking_lot::Mutex::new(Slow {
                 cleared,
                 clearing: false,
                 resync_from: 0,
@@ -190,13 +275,13 @@ impl Keeper {
 
     /// The chunks set now, ascending.
     pub(crate) fn dirty_chunks(&self) -> Vec<u32> {
-        self.bits.lock().map.iter().collect()
+        self.bits.map.ones(self.bits.n).collect()
     }
 
     /// Records that side `c` was dropped now: the bitmap covers what it misses until bits
     /// are next cleared.
     pub(crate) fn note_drop(&self, c: usize) {
-        let cleared = self.bits.lock().cleared;
+        let cleared = self.slow.lock().cleared;
         let mut d = self.dropped_at.lock();
         if d.len() <= c {
             d.resize(c + 1, None);
@@ -207,7 +292,7 @@ impl Keeper {
     /// Whether the bitmap still holds everything side `c` missed since it was dropped in
     /// this process (no bits cleared since; a side found stale at open is judged there).
     pub(crate) fn covers(&self, c: usize) -> bool {
-        let b = self.bits.lock();
+        let b = self.slow.lock();
         let d = self.dropped_at.lock();
         d.get(c)
             .copied()
@@ -217,18 +302,37 @@ impl Keeper {
 
     /// Sets every chunk (a side to be copied whole).
     pub(crate) fn set_all(&self) {
-        self.bits.lock().map.set_all();
+        for i in 0..self.bits.n {
+            self.bits.map.set(i);
+        }
     }
 
     /// A resync's progress, if one runs: sectors copied, sectors to copy.
     pub(crate) fn progress(&self) -> Option<(u64, u64)> {
-        self.bits.lock().progress
+        self.slow.lock().progress
     }
 
     pub(crate) fn set_progress(&self, p: Option<(u64, u64)>, resync_from: u64) {
-        let mut b = self.bits.lock();
+        let mut b = self.slow.lock();
         b.progress = p;
         b.resync_from = resync_from;
+    }
+
+    /// From now until the guard is dropped writes take shard locks; returns once every
+    /// write that began without one has ended.
+    pub(crate) async fn start_copying(&self) -> Copying<'_> {
+        let m = &self.bits;
+        m.copying.store(true, SeqCst);
+        loop {
+            let drained = m.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if m.unlocked.load(SeqCst) == 0 {
+                break;
+            }
+            drained.await;
+        }
+        Copying(self)
     }
 
     /// Whether the sides' states differ from what was last written durably (a persist
@@ -248,44 +352,52 @@ impl Keeper {
         s: &Striped,
         pieces: &[Piece],
     ) -> Result<WriteGuard<'a>> {
-        let mut chunks: Vec<u32> = Vec::with_capacity(pieces.len());
-        {
-            let b = self.bits.lock();
-            for p in pieces {
-                chunks.extend(b.map.chunks_of(p.cblk, p.count));
+        let m = &self.bits;
+        let of = |p: &Piece| self.bits.shape.chunks_of(p.cblk, p.count);
+        let chunks = match pieces {
+            [p] => Chunks::Run(of(p)),
+            _ => {
+                let mut l: Vec<u32> = pieces.iter().flat_map(of).collect();
+                l.sort_unstable();
+                l.dedup();
+                Chunks::List(l)
             }
-        }
-        chunks.sort_unstable();
-        chunks.dedup();
-        let mut shards: Vec<usize> = chunks.iter().map(|&c| c as usize % SHARDS).collect();
-        shards.sort_unstable();
-        shards.dedup();
-        let mut locks = Vec::with_capacity(shards.len());
-        for sh in shards {
-            locks.push(self.shards[sh].read().await);
-        }
-        let need = {
-            let mut b = self.bits.lock();
-            let epoch = b.epoch;
-            for &c in &chunks {
-                b.inflight[c as usize] += 1;
-                b.last[c as usize] = epoch;
-                b.map.set(c);
-            }
-            chunks.iter().any(|&c| !b.durable.get(c))
         };
+        // No shard lock unless a resync copies (it waits for the writes that took none).
+        m.unlocked.fetch_add(1, SeqCst);
+        let unlocked = !m.copying.load(SeqCst);
+        let mut locks = Vec::new();
+        if !unlocked {
+            if m.unlocked.fetch_sub(1, SeqCst) == 1 {
+                m.drained.notify_waiters();
+            }
+            let mut shards = Vec::new();
+            chunks.each(|c| shards.push(c as usize % SHARDS));
+            shards.sort_unstable();
+            shards.dedup();
+            for sh in shards {
+                locks.push(self.shards[sh].read().await);
+            }
+        }
+        let epoch = m.epoch.load(SeqCst);
+        let mut need = false;
+        chunks.each(|c| {
+            m.inflight[c as usize].fetch_add(1, SeqCst);
+            m.last[c as usize].fetch_max(epoch, SeqCst);
+            m.map.set(c);
+            need |= !m.durable.get(c);
+        });
         let guard = WriteGuard {
             keeper: self,
             chunks,
+            unlocked,
             _locks: locks,
         };
         if need {
             let mut events = self.events.lock().await;
             // Another write's record may have carried these chunks already.
-            let still = {
-                let b = self.bits.lock();
-                guard.chunks.iter().any(|&c| !b.durable.get(c))
-            };
+            let mut still = false;
+            guard.chunks.each(|c| still |= !m.durable.get(c));
             if still {
                 self.write_locked(s, &mut events).await?;
             }
@@ -304,20 +416,12 @@ impl Keeper {
         if !self.has_bitmap() {
             return None;
         }
-        let mut b = self.bits.lock();
-        let epoch = b.epoch;
-        b.epoch += 1;
+        let m = &self.bits;
+        let epoch = m.epoch.fetch_add(1, SeqCst);
+        let idle = |c: u32| m.map.get(c) && m.inflight[c as usize].load(SeqCst) == 0;
         let chunks: Vec<u32> = match only {
-            None => b
-                .map
-                .iter()
-                .filter(|&c| b.inflight[c as usize] == 0)
-                .collect(),
-            Some(only) => only
-                .iter()
-                .copied()
-                .filter(|&c| b.map.get(c) && b.inflight[c as usize] == 0)
-                .collect(),
+            None => m.map.ones(m.n).filter(|&c| idle(c)).collect(),
+            Some(only) => only.iter().copied().filter(|&c| idle(c)).collect(),
         };
         (!chunks.is_empty()).then_some((epoch, chunks))
     }
@@ -331,21 +435,30 @@ impl Keeper {
         if in_sync_only && (0..s.components().len()).any(|i| !s.readable(i)) {
             return;
         }
-        {
-            let mut b = self.bits.lock();
-            let mut any = false;
-            for &c in chunks {
-                if b.map.get(c) && b.last[c as usize] <= epoch && b.inflight[c as usize] == 0 {
-                    b.map.clear(c);
-                    b.durable.clear(c);
-                    any = true;
-                }
+        let m = &self.bits;
+        let busy = |c: u32| {
+            m.inflight[c as usize].load(SeqCst) > 0 || m.last[c as usize].load(SeqCst) > epoch
+        };
+        let mut any = false;
+        for &c in chunks {
+            if !m.map.get(c) || busy(c) {
+                continue;
             }
-            if !any {
-                return;
+            m.map.clear(c);
+            m.durable.clear(c);
+            // A write that began meanwhile may have seen the bit still durable: then it
+            // stays (the disk still holds it, nothing has been written under this lock).
+            if busy(c) {
+                m.map.set(c);
+                m.durable.set(c);
+            } else {
+                any = true;
             }
-            b.clearing = true;
         }
+        if !any {
+            return;
+        }
+        self.slow.lock().clearing = true;
         if let Err(e) = self.write_locked(s, &mut events).await {
             tracing::warn!(
                 target: "tagstripe::mirror",
@@ -387,11 +500,11 @@ impl Keeper {
         let next = *events + 1;
         let n = s.components().len();
         let sides: Vec<Side> = (0..n).map(|i| s.side(i)).collect();
-        let (bitmap, cleared, resync_from) = {
-            let b = self.bits.lock();
-            let cleared = if b.clearing { next } else { b.cleared };
-            (b.map.clone(), cleared, b.resync_from)
+        let (cleared, resync_from) = {
+            let b = self.slow.lock();
+            (if b.clearing { next } else { b.cleared }, b.resync_from)
         };
+        let bitmap = self.bits.snapshot();
         // Sides in sync first: a crash part-way leaves them ahead of a side being copied,
         // never the other way round.
         let mut order: Vec<usize> = (0..n).filter(|&i| sides[i] != Side::Failed).collect();
@@ -418,13 +531,13 @@ impl Keeper {
         }
         *events = next;
         *self.written.lock() = sides;
+        // Only what this copy carried is known to be on disk; chunks set since wait for the
+        // next one.
+        for c in bitmap.iter() {
+            self.bits.durable.set(c);
+        }
         {
-            let mut b = self.bits.lock();
-            // Only what this copy carried is known to be on disk; chunks set since wait for
-            // the next one.
-            for c in bitmap.iter() {
-                b.durable.set(c);
-            }
+            let mut b = self.slow.lock();
             if b.clearing && cleared == next {
                 b.clearing = false;
             }

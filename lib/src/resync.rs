@@ -139,6 +139,8 @@ pub(crate) async fn run(s: &Striped, targets: &[usize]) -> Result<u64> {
     let comps = s.components();
     // From now on every write goes to the targets too; recorded before anything is copied.
     k.persist(s).await?;
+    // And takes its chunks' shard locks, once the writes that began without them are done.
+    let _copying = k.start_copying().await;
     let limit = |t: usize| area(comps[t].as_ref()).min(area(comps[s.partner(t)].as_ref()));
     let end = targets.iter().map(|&t| limit(t)).max().unwrap_or(0);
     let todo: Vec<u32> = k
