@@ -60,6 +60,9 @@ pub(crate) struct ServeArgs {
     /// Default: `end` with --mirror, else `none`.
     #[arg(long, value_parser = ["end", "none"])]
     metadata: Option<String>,
+    /// The same as --metadata none.
+    #[arg(long, conflicts_with = "metadata")]
+    no_metadata: bool,
     /// The mirror's sides are known to be identical (as mdadm's --assume-clean): a new
     /// mirror skips its first resync of the second half from the first; needed for
     /// --mirror with --metadata none, where nothing could tell a stale side after a restart.
@@ -251,6 +254,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
             b = b.mirror_reads(m);
         }
         let metadata = match args.metadata.as_deref() {
+            _ if args.no_metadata => false,
             Some("end") => true,
             Some(_) => false,
             None => args.mirror,
@@ -430,7 +434,24 @@ async fn serve(args: &ServeArgs) -> ExitCode {
     };
     // Stop cleanly: make every acknowledged write durable before leaving.
     if !(args.read_only || info.read_only) {
-        if let Err(e) = device.flush(IoOpts::new()).await {
+        if let Some(v) = &volume {
+            for (i, st) in v.status().iter().enumerate() {
+                if let tagstripe::SideStatus::Resyncing { done, total } = st {
+                    say_err(&format!(
+                        "resync of side {i} stopped at {} of {}: it goes on at the next start",
+                        mib(*done),
+                        mib(*total)
+                    ));
+                }
+            }
+        }
+        // A volume closes cleanly: its mirror's bitmap cleared, so the next start copies
+        // nothing.
+        let flushed = match &volume {
+            Some(v) => v.close().await,
+            None => device.flush(IoOpts::new()).await,
+        };
+        if let Err(e) = flushed {
             eprintln!("tagstripe serve: flush on exit failed: {e}");
             return ExitCode::FAILURE;
         }

@@ -94,6 +94,8 @@ async fn open_mirror(faults: &[Faulty]) -> tagstripe::Result<Volume> {
         .flavor(Flavor::FreeBsd)
         .mirror(true)
         .metadata(true)
+        // Every flush clears what it may: the clearing is exercised all the time.
+        .bitmap_delay(Duration::ZERO)
         .quirks(QuirkSet::empty())
         .open()
         .await

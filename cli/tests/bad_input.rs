@@ -99,6 +99,27 @@ fn malformed_command_lines_exit_2() {
             "100",
             "/dev/null",
         ]),
+        // A mirror without metadata must be said to be clean.
+        s(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--flavor",
+            "freebsd",
+            "--mirror",
+            "--no-metadata",
+            "sim:ssd:8M",
+            "sim:ssd:8M",
+        ]),
+        s(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metadata",
+            "end",
+            "--no-metadata",
+            "/dev/null",
+        ]),
         s(&[
             "bench",
             "throughput",

@@ -154,6 +154,10 @@ pub(crate) struct Keeper {
     pub(crate) shards: Vec<tokio::sync::RwLock<()>>,
     /// Per side dropped in this process: the bitmap's last clearing at the time.
     dropped_at: parking_lot::Mutex<Vec<Option<u64>>>,
+    /// How long a chunk stays set after its last write, at least.
+    delay: std::time::Duration,
+    /// Recent flush epochs and when they began (the oldest at most `delay` old, plus one).
+    marks: parking_lot::Mutex<std::collections::VecDeque<(u64, tokio::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Keeper {
@@ -260,7 +264,15 @@ impl Keeper {
             }),
             shards: (0..SHARDS).map(|_| tokio::sync::RwLock::new(())).collect(),
             dropped_at: parking_lot::Mutex::new(Vec::new()),
+            delay: std::time::Duration::ZERO,
+            marks: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         }
+    }
+
+    /// Chunks stay set at least `delay` after their last write.
+    pub(crate) fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// Whether the volume keeps a write-intent bitmap (a mirror does).
@@ -405,19 +417,52 @@ impl Keeper {
         Ok(guard)
     }
 
-    /// Starts a flush for the bitmap: the chunks set with no write in flight now, and the
-    /// epoch they must not have been written after. `None` without a bitmap or nothing set.
+    /// Starts a flush for the bitmap: the chunks set with no write in flight now and none
+    /// marked for the bitmap's delay (see [`crate::VolumeBuilder::bitmap_delay`]), and the
+    /// epoch they must not have been written after. `None` without a bitmap or nothing to
+    /// clear.
     pub(crate) fn flush_mark(&self) -> Option<(u64, Vec<u32>)> {
-        self.flush_mark_of(None)
-    }
-
-    /// As [`flush_mark`](Self::flush_mark), among `only` (a resync's copied chunks).
-    pub(crate) fn flush_mark_of(&self, only: Option<&[u32]>) -> Option<(u64, Vec<u32>)> {
+        let epoch = self.bits.epoch.fetch_add(1, SeqCst);
         if !self.has_bitmap() {
             return None;
         }
+        // The newest flush epoch that began at least `delay` ago: chunks not written since
+        // then have been idle that long (md's bitmap daemon clears after a delay, so a chunk
+        // written again and again is not marked again and again).
+        let now = tokio::time::Instant::now();
+        let horizon = {
+            let mut marks = self.marks.lock();
+            // Marks a sixteenth of the delay apart at most: a bounded list however often
+            // the volume is flushed.
+            if marks
+                .back()
+                .is_none_or(|&(_, at)| now.duration_since(at) >= self.delay / 16)
+            {
+                marks.push_back((epoch, now));
+            }
+            while marks.len() > 1 && now.duration_since(marks[1].1) >= self.delay {
+                marks.pop_front();
+            }
+            match marks.front() {
+                Some(&(e, at)) if now.duration_since(at) >= self.delay => e,
+                _ => return None,
+            }
+        };
+        self.candidates(horizon, None)
+    }
+
+    /// As [`flush_mark`](Self::flush_mark), at once (no delay), among `only` if given (a
+    /// resync's copied chunks): for a resync's progress and a clean close.
+    pub(crate) fn flush_mark_of(&self, only: Option<&[u32]>) -> Option<(u64, Vec<u32>)> {
+        let epoch = self.bits.epoch.fetch_add(1, SeqCst);
+        if !self.has_bitmap() {
+            return None;
+        }
+        self.candidates(epoch, only)
+    }
+
+    fn candidates(&self, epoch: u64, only: Option<&[u32]>) -> Option<(u64, Vec<u32>)> {
         let m = &self.bits;
-        let epoch = m.epoch.fetch_add(1, SeqCst);
         let idle = |c: u32| m.map.get(c) && m.inflight[c as usize].load(SeqCst) == 0;
         let chunks: Vec<u32> = match only {
             None => m.map.ones(m.n).filter(|&c| idle(c)).collect(),
@@ -590,7 +635,11 @@ pub(crate) struct Plan {
 /// [`Error::Metadata`] for components that do not belong (named), a stripe or
 /// concatenation member that is stale (it has no partner to serve from), or I/O errors on a
 /// component (named).
-pub(crate) async fn open(s: &Striped, assume_clean: bool) -> Result<Plan> {
+pub(crate) async fn open(
+    s: &Striped,
+    assume_clean: bool,
+    delay: std::time::Duration,
+) -> Result<Plan> {
     let mut found = Vec::with_capacity(s.components().len());
     for (i, c) in s.components().iter().enumerate() {
         found.push(read(c.as_ref()).await.map_err(|e| Error::Component {
@@ -618,7 +667,7 @@ pub(crate) async fn open(s: &Striped, assume_clean: bool) -> Result<Plan> {
     let mut plan = Plan::default();
     match superblock::assemble(&found, fingerprint)? {
         superblock::Assembly::New => {
-            s.keep(Keeper::new(new_uuid(), fingerprint, 0, fresh(), 0));
+            s.keep(Keeper::new(new_uuid(), fingerprint, 0, fresh(), 0).with_delay(delay));
             if mirror && !assume_clean {
                 // A new mirror: the second half copied from the first (written from now
                 // on, and given the volume's metadata, but not read until copied).
@@ -662,7 +711,7 @@ pub(crate) async fn open(s: &Striped, assume_clean: bool) -> Result<Plan> {
                 bitmap.chunk_sectors() == expect.chunk_sectors() && bitmap.bits() == expect.bits();
             let bitmap = if usable { bitmap } else { expect };
             let clean = bitmap.is_clear();
-            s.keep(Keeper::new(uuid, fingerprint, events, bitmap, cleared));
+            s.keep(Keeper::new(uuid, fingerprint, events, bitmap, cleared).with_delay(delay));
             if mirror {
                 plan.targets = stale.clone();
                 plan.whole = !whole.is_empty() || (!usable && !stale.is_empty());

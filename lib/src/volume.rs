@@ -65,6 +65,7 @@ pub struct VolumeBuilder {
     layers: Layers,
     metadata: bool,
     assume_clean: bool,
+    bitmap_delay: std::time::Duration,
     events: Option<crate::resync::EventSink>,
 }
 
@@ -101,8 +102,10 @@ impl std::fmt::Debug for Layers {
 impl VolumeBuilder {
     /// Keeps metadata at the end of each component (two checksummed copies in its last
     /// 16 sectors, as md's superblock 1.0 sits at the end): the volume's identity, each
-    /// component's role and the geometry, and which mirror sides are stale, so that after a
-    /// restart a side dropped for a failed write is never read. The geometry is built on
+    /// component's role and the geometry, which mirror sides are stale, so that after a
+    /// restart a side dropped for a failed write is never read, and a mirror's write-intent
+    /// bitmap, so that a stale side is resynced by copying only what it missed (see
+    /// [`Volume::status`], [`Volume::resync`], [`Volume::replace`]). The geometry is built on
     /// the sizes less those sectors (the data area still starts at sector 0, ccd-exact).
     /// Such a volume is opened with [`open`](Self::open).
     ///
@@ -117,13 +120,16 @@ impl VolumeBuilder {
     /// let mirror = || Volume::builder([a.clone() as Arc<dyn BlockDevice>, b.clone()])
     ///     .flavor(Flavor::FreeBsd).mirror(true).metadata(true);
     /// let v = mirror().open().await?;
+    /// v.wait_resync().await; // a new mirror: side 1 copied from side 0 first
     /// a.inject(Fault::always(FaultOp::Write, FaultKind::Error));
     /// v.write(0, Bytes::from(vec![2u8; 4096]), IoOpts::new()).await?; // side 0 dropped
     /// drop(v);
     /// a.clear();
-    /// let v = mirror().open().await?; // side 0 is known stale: never read
-    /// assert_eq!(v.degraded(), [0]);
+    /// let v = mirror().open().await?; // side 0 is known stale: never read, resynced
     /// assert_eq!(v.read(0, 8, IoOpts::new()).await?, vec![2u8; 4096]);
+    /// v.wait_resync().await;
+    /// assert!(v.degraded().is_empty());
+    /// assert_eq!(a.read(16, 8, IoOpts::new()).await?, vec![2u8; 4096]); // side 0 healed
     /// # Ok::<(), tagstripe::Error>(())
     /// # }).unwrap();
     /// ```
@@ -144,14 +150,25 @@ impl VolumeBuilder {
     pub async fn open(self) -> Result<Volume> {
         let metadata = self.metadata;
         let assume_clean = self.assume_clean;
+        let delay = self.bitmap_delay;
         let vol = self.assemble()?;
         if metadata {
-            let plan = crate::metadata::open(&vol.striped, assume_clean).await?;
+            let plan = crate::metadata::open(&vol.striped, assume_clean, delay).await?;
             if !plan.targets.is_empty() {
                 vol.start_resync(plan.targets);
             }
         }
         Ok(vol)
+    }
+
+    /// How long a chunk of a mirror's write-intent bitmap stays set after its last write,
+    /// at least (default 5 s, as md's bitmap delay): a flush clears only chunks idle that
+    /// long, so a chunk written again and again costs one metadata write, not one per flush.
+    /// [`Volume::close`] clears every idle chunk at once. Zero clears at every flush.
+    #[must_use]
+    pub fn bitmap_delay(mut self, delay: std::time::Duration) -> Self {
+        self.bitmap_delay = delay;
+        self
     }
 
     /// A new mirror's sides are known to be identical (as mdadm's `--assume-clean`): no
@@ -163,7 +180,7 @@ impl VolumeBuilder {
         self
     }
 
-    /// Calls `f` with every [`MirrorEvent`] (a side dropped, a resync's start, progress,
+    /// Calls `f` with every [`MirrorEvent`](crate::MirrorEvent) (a side dropped, a resync's start, progress,
     /// end), as it happens, from the task where it happens: `f` must be quick. The same
     /// events go to `tracing` (target `tagstripe::mirror`).
     ///
@@ -351,13 +368,25 @@ impl VolumeBuilder {
     }
 
     fn assemble(self) -> Result<Volume> {
+        // A mirror with metadata can have a side replaced: each device sits in a slot.
+        let replaceable = self.metadata && self.mirror;
+        let mut slots = Vec::new();
         // The user's layers first: the volume is built on what they return.
         let layers = &self.layers.0;
         let components: Vec<Arc<dyn BlockDevice>> = self
             .components
             .into_iter()
             .enumerate()
-            .map(|(i, c)| layers.iter().fold(c, |dev, l| l.layer(i, dev)))
+            .map(|(i, c)| {
+                let c = if replaceable {
+                    let slot = Arc::new(crate::layers::Slot::new(c));
+                    slots.push(Arc::clone(&slot));
+                    slot as Arc<dyn BlockDevice>
+                } else {
+                    c
+                };
+                layers.iter().fold(c, |dev, l| l.layer(i, dev))
+            })
             .collect();
         // With metadata, each component gives up its last sectors to it.
         let keep = if self.metadata {
@@ -417,6 +446,7 @@ impl VolumeBuilder {
             queues,
             resyncing,
             resync_task: parking_lot::Mutex::new(None),
+            slots,
         })
     }
 }
@@ -434,6 +464,8 @@ pub struct Volume {
     /// The resync's task, stopped when the volume goes (its bitmap on disk says where a
     /// later open goes on).
     resync_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Each component's slot (a mirror with metadata; empty otherwise).
+    slots: Vec<Arc<crate::layers::Slot>>,
 }
 
 impl Drop for Volume {
@@ -485,6 +517,7 @@ impl Volume {
             layers: Layers::default(),
             metadata: false,
             assume_clean: false,
+            bitmap_delay: std::time::Duration::from_secs(5),
             events: None,
         }
     }
@@ -654,11 +687,112 @@ impl Volume {
         Ok(())
     }
 
+    /// Replaces mirror side `component` with `device` (a new disk for a dead one) and
+    /// copies it whole from its partner, online: the side is dropped (recorded on its
+    /// partner) before the swap, so nothing is read from the new device until it is in
+    /// sync. Requests under way on the old device finish there. `device` must be at least
+    /// as large as the one it replaces, with the same logical block size.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bytes::Bytes;
+    /// use tagstripe::striping::Flavor;
+    /// use tagstripe::{BlockDevice, FaultDevice, IoOpts, MemDevice, SideStatus, Volume};
+    /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+    /// let dying = Arc::new(FaultDevice::new(MemDevice::new("old", 4096)));
+    /// let v = Volume::builder([Arc::new(FaultDevice::new(MemDevice::new("a", 4096))), dying.clone()])
+    ///     .flavor(Flavor::FreeBsd).no_offset(true).mirror(true).metadata(true).assume_clean(true)
+    ///     .open().await?;
+    /// v.write(0, Bytes::from(vec![3u8; 4096]), IoOpts::new()).await?;
+    /// dying.kill();
+    /// let new = Arc::new(MemDevice::new("new", 4096));
+    /// v.replace(1, new.clone()).await?;
+    /// v.wait_resync().await;
+    /// assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
+    /// assert_eq!(new.read(0, 8, IoOpts::new()).await?, vec![3u8; 4096]);
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::Resync`] without mirror metadata, for a component that is not there,
+    /// whose partner is not in sync (it holds the only copy), while a resync runs, or for a
+    /// device too small, of another block size or read-only; a failure to record the drop.
+    pub async fn replace(&self, component: usize, device: Arc<dyn BlockDevice>) -> Result<()> {
+        let refuse = |what: String| Err(crate::Error::Resync { component, what });
+        let Some(slot) = self.slots.get(component) else {
+            return refuse(if self.slots.is_empty() {
+                "only a mirror with metadata (VolumeBuilder::metadata) can replace a side".into()
+            } else {
+                format!("the volume has {} components", self.slots.len())
+            });
+        };
+        let (old, new) = (slot.info(), device.info());
+        if new.sectors < old.sectors
+            || new.limits.logical_block_size != old.limits.logical_block_size
+            || new.read_only
+        {
+            return refuse(format!(
+                "{} ({} sectors of {} bytes{}) cannot replace {} ({} sectors of {} bytes)",
+                new.name,
+                new.sectors,
+                new.limits.logical_block_size,
+                if new.read_only { ", read-only" } else { "" },
+                old.name,
+                old.sectors,
+                old.limits.logical_block_size
+            ));
+        }
+        if *self.resyncing.borrow() {
+            return refuse("a resync is running; wait for it or stop it first".into());
+        }
+        if !self.striped.drop_for_replace(component) {
+            return refuse(format!(
+                "its partner, component {}, is not in sync: it holds the only copy",
+                self.striped.partner(component)
+            ));
+        }
+        if let Some(k) = self.striped.keeper() {
+            k.persist(&self.striped).await?;
+        }
+        let new_name = new.name.clone();
+        let was = slot.replace(device);
+        tracing::info!(
+            target: "tagstripe::mirror",
+            volume = %self.info().name,
+            component,
+            old = %was.info().name,
+            new = %new_name,
+            "mirror side replaced: copied whole from its partner"
+        );
+        if let Some(k) = self.striped.keeper() {
+            k.set_all();
+        }
+        self.start_resync(vec![component]);
+        Ok(())
+    }
+
     /// Waits until no resync runs (at once if none does); see [`status`](Self::status)
     /// for how it ended.
     pub async fn wait_resync(&self) {
         let mut rx = self.resyncing.subscribe();
         let _ = rx.wait_for(|running| !*running).await;
+    }
+
+    /// Flushes the volume and, for a mirror with metadata in sync, clears the write-intent
+    /// bitmap of every chunk with no write in flight (whatever the
+    /// [`bitmap_delay`](VolumeBuilder::bitmap_delay)): a clean stop, after which the next
+    /// open copies nothing. Call it when no more writes come.
+    ///
+    /// # Errors
+    /// The flush's.
+    pub async fn close(&self) -> Result<()> {
+        let mark = self.striped.keeper().and_then(|k| k.flush_mark_of(None));
+        self.flush(IoOpts::new()).await?;
+        if let (Some(k), Some((epoch, chunks))) = (self.striped.keeper(), mark) {
+            k.sweep(&self.striped, epoch, &chunks, true).await;
+        }
+        Ok(())
     }
 
     /// Stops a resync under way (as a crash would: the next open, or

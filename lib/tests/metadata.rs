@@ -27,6 +27,8 @@ fn mirror_of(x: Arc<dyn BlockDevice>, y: Arc<dyn BlockDevice>) -> tagstripe::Vol
         .mirror(true)
         .interleave(16)
         .metadata(true)
+        // Every flush clears what it may: the bitmap's clearing is exercised at every step.
+        .bitmap_delay(std::time::Duration::ZERO)
 }
 
 fn mirror(a: &Arc<FaultDevice<MemDevice>>, b: &Arc<MemDevice>) -> tagstripe::VolumeBuilder {
@@ -183,6 +185,54 @@ fn a_returning_side_copies_only_the_bitmaps_chunks() {
     });
 }
 
+/// The bitmap's delay: a flush clears only chunks idle that long (a chunk written again and
+/// again is marked once), and `close` clears every idle chunk at once.
+#[test]
+fn chunks_stay_set_for_the_delay_and_close_clears_them() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let a = Arc::new(MemDevice::new("side0", SECTORS));
+        let b = Arc::new(MemDevice::new("side1", SECTORS));
+        let v = mirror_of(a.clone(), b.clone())
+            .assume_clean(true)
+            .bitmap_delay(std::time::Duration::from_secs(5))
+            .open()
+            .await
+            .unwrap();
+        let dirty = || async {
+            tagstripe::component_metadata(&*a)
+                .await
+                .unwrap()
+                .unwrap()
+                .bitmap
+                .count()
+        };
+        v.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new())
+            .await
+            .unwrap();
+        v.flush(IoOpts::new()).await.unwrap();
+        assert_eq!(dirty().await, 1, "cleared before the delay");
+        tokio::time::advance(std::time::Duration::from_secs(3)).await;
+        v.flush(IoOpts::new()).await.unwrap();
+        assert_eq!(dirty().await, 1, "cleared before the delay");
+        tokio::time::advance(std::time::Duration::from_secs(3)).await;
+        v.flush(IoOpts::new()).await.unwrap();
+        assert_eq!(dirty().await, 0, "still set after the delay");
+        // Written again: set again; a clean close clears it at once.
+        v.write(128, Bytes::from(vec![2u8; 4096]), IoOpts::new())
+            .await
+            .unwrap();
+        v.flush(IoOpts::new()).await.unwrap();
+        assert_eq!(dirty().await, 1);
+        v.close().await.unwrap();
+        assert_eq!(dirty().await, 0);
+    });
+}
+
 /// Writes in flight at a crash: their chunks are on disk (set by an earlier write and not
 /// cleared, as no flush followed), and the next open copies them from the first half to the
 /// second, so the sides agree.
@@ -240,7 +290,9 @@ fn writes_in_flight_at_a_crash_are_resynced() {
 
 #[test]
 fn components_that_do_not_belong_are_refused_by_name() {
-    rt().block_on(async {
+    // One thread: each volume's first resync is stopped before it copies anything, so both
+    // volumes' metadata is at the same event and the later component is the one named.
+    rt1().block_on(async {
         let a = Arc::new(FaultDevice::new(MemDevice::new("a", SECTORS)));
         let b = Arc::new(MemDevice::new("b", SECTORS));
         drop(mirror(&a, &b).open().await.unwrap());
@@ -346,6 +398,8 @@ enum Step {
     Settle,
     /// A flush (clears the bitmap where it may).
     Flush,
+    /// Side `n` is replaced by a blank device (if its partner is in sync).
+    Replace(usize),
 }
 
 fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
@@ -358,6 +412,7 @@ fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
         1 => Just(Step::Resync),
         1 => Just(Step::Settle),
         1 => Just(Step::Flush),
+        1 => (0usize..2).prop_map(Step::Replace),
     ];
     proptest::collection::vec(step, 1..40)
 }
@@ -392,16 +447,14 @@ proptest::proptest! {
     #[test]
     fn acknowledged_writes_survive_failures_restarts_and_resyncs(steps in steps()) {
         rt1().block_on(async move {
-            let sides = [
+            let mut sides = [
                 Arc::new(FaultDevice::new(MemDevice::new("a", 2048))),
                 Arc::new(FaultDevice::new(MemDevice::new("b", 2048))),
             ];
-            let open = || async {
-                mirror_of(sides[0].clone(), sides[1].clone())
-                    .open()
-                    .await
+            let open = |sides: &[Arc<FaultDevice<MemDevice>>; 2]| {
+                mirror_of(sides[0].clone(), sides[1].clone()).open()
             };
-            let mut v = open().await.unwrap();
+            let mut v = open(&sides).await.unwrap();
             let total = v.info().sectors;
             let mut model = vec![0u8; total as usize * 512];
             let mut unknown = vec![false; total as usize];
@@ -433,7 +486,7 @@ proptest::proptest! {
                         let out: Vec<usize> = (0..2).filter(|&i| v.status()[i] != SideStatus::InSync).collect();
                         drop(v);
                         // It opens unless no side can take the metadata.
-                        v = match open().await {
+                        v = match open(&sides).await {
                             Ok(v) => v,
                             Err(e) => {
                                 let writable = (0..2).any(|i| !failing[i] && !out.contains(&i));
@@ -442,7 +495,7 @@ proptest::proptest! {
                                     s.clear();
                                     failing[i] = false;
                                 }
-                                open().await.unwrap()
+                                open(&sides).await.unwrap()
                             }
                         };
                         check(&v, &model, &unknown).await;
@@ -454,6 +507,13 @@ proptest::proptest! {
                     Step::Flush => {
                         let _ = v.flush(IoOpts::new()).await;
                     }
+                    Step::Replace(i) => {
+                        let new = Arc::new(FaultDevice::new(MemDevice::new("new", 2048)));
+                        if v.replace(i, new.clone()).await.is_ok() {
+                            sides[i] = new;
+                            failing[i] = false;
+                        }
+                    }
                 }
             }
             check(&v, &model, &unknown).await;
@@ -462,7 +522,7 @@ proptest::proptest! {
                 s.clear();
             }
             drop(v);
-            let v = open().await.unwrap();
+            let v = open(&sides).await.unwrap();
             v.wait_resync().await;
             check(&v, &model, &unknown).await;
             assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);

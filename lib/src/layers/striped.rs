@@ -216,6 +216,16 @@ impl Striped {
             .collect()
     }
 
+    /// Drops side `c` to replace it, if its partner is in sync (atomically with drops).
+    pub(crate) fn drop_for_replace(&self, c: usize) -> bool {
+        let _g = self.dropping.lock();
+        if !self.readable(self.partner(c)) || self.partner(c) == c {
+            return false;
+        }
+        self.mark_failed(c);
+        true
+    }
+
     /// Sends `e` to whoever listens ([`crate::VolumeBuilder::on_event`]).
     pub(crate) fn emit(&self, e: crate::MirrorEvent) {
         if let Some(sink) = self.events.get() {
