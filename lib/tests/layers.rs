@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+mod common;
+
 use bytes::Bytes;
 use tagstripe::quirks::{Identity, QuirkSet};
 use tagstripe::{
@@ -216,11 +218,7 @@ fn stats_survive_cancellation_and_share_one_clock() {
     use std::time::Duration;
     use tagstripe::SimDevice;
     use tagstripe::scheduler::Profile;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = common::paused_rt();
     rt.block_on(async {
         let sim: Arc<dyn BlockDevice> =
             Arc::new(SimDevice::with_profile("hdd", Profile::HddModern, 1 << 20).unwrap());

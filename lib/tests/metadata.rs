@@ -189,11 +189,7 @@ fn a_returning_side_copies_only_the_bitmaps_chunks() {
 /// again is marked once), and `close` clears every idle chunk at once.
 #[test]
 fn chunks_stay_set_for_the_delay_and_close_clears_them() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = common::paused_rt();
     rt.block_on(async {
         let a = Arc::new(MemDevice::new("side0", SECTORS));
         let b = Arc::new(MemDevice::new("side1", SECTORS));

@@ -86,6 +86,15 @@ pub fn make_loop_with(
 }
 
 /// A two-worker runtime with time and I/O, for tests that block on async code.
+/// One thread and tokio's clock paused (it moves only when told, or when every task waits).
+pub fn paused_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
