@@ -110,6 +110,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
                 "hardware_limits": limits_json(&info.limits),
                 "quirks": q,
                 "metadata": metadata_json(&meta),
+                "caps": caps_json(&info.caps),
             })
         );
         return ExitCode::SUCCESS;
@@ -128,6 +129,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         info.limits.physical_block_size
     );
     outln!("identity: {}", info.identity);
+    outln!("{}", caps_line(&info.caps));
     outln!("{}", metadata_line(&meta));
     let l = &info.limits;
     outln!(
@@ -183,6 +185,42 @@ fn side_name(s: tagstripe::striping::superblock::Side) -> &'static str {
         Side::Failed => "failed",
         Side::Resyncing => "resyncing",
     }
+}
+
+/// What the device can do, in one line.
+fn caps_line(c: &tagstripe::Caps) -> String {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    format!(
+        "caps: flush {} fua {} trim {} zeroing {} fast-zero {} allocation {} rotational {} write-cache {}",
+        yes(c.flush),
+        yes(c.fua),
+        yes(c.trim),
+        zeroing_name(c.zeroing),
+        yes(c.fast_zero),
+        yes(c.allocation),
+        yes(c.rotational),
+        yes(c.write_cache)
+    )
+}
+
+fn zeroing_name(z: tagstripe::Zeroing) -> &'static str {
+    match z {
+        tagstripe::Zeroing::Native => "native",
+        tagstripe::Zeroing::Emulated => "emulated",
+    }
+}
+
+fn caps_json(c: &tagstripe::Caps) -> serde_json::Value {
+    json!({
+        "flush": c.flush,
+        "fua": c.fua,
+        "trim": c.trim,
+        "zeroing": zeroing_name(c.zeroing),
+        "fast_zero": c.fast_zero,
+        "allocation": c.allocation,
+        "rotational": c.rotational,
+        "write_cache": c.write_cache,
+    })
 }
 
 /// The component's metadata in one line.

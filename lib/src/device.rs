@@ -9,7 +9,99 @@ use tagstripe_scheduler::{IoClass, TagKind};
 
 use crate::{Error, Result};
 
-/// What a device is: its size, limits and identity. Sizes in 512-byte sectors.
+/// How a device zeroes a range ([`BlockDevice::write_zeroes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Zeroing {
+    /// Without moving data: `fallocate` on a file or block device, dropped pages in
+    /// memory, the server's WRITE_ZEROES over NBD, a volume whose components all do.
+    Native,
+    /// By writing buffers of zeroes.
+    #[default]
+    Emulated,
+}
+
+/// What a device can do, in one place: each backend says what it has, the split layer
+/// takes away what the quirk table forbids (`notrim`, FUA or the write cache off, a
+/// `max_write_zeroes_sectors` of 0), and a volume has what all its components have.
+///
+/// ```
+/// use tagstripe::{BlockDevice, MemDevice, Zeroing};
+/// let caps = MemDevice::new("m", 64).caps();
+/// assert!(caps.flush && caps.trim && caps.allocation && !caps.rotational);
+/// assert_eq!(caps.zeroing, Zeroing::Native);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Caps {
+    /// `flush` makes written data durable. False for an NBD export whose server offers no
+    /// flush: its writes' durability is the server's affair, and a volume over it does not
+    /// claim flush either.
+    pub flush: bool,
+    /// A FUA write is durable when it completes (natively or by a flush after it).
+    pub fua: bool,
+    /// Discard (trim) is supported; equal to `limits.max_discard_sectors > 0`.
+    pub trim: bool,
+    /// How ranges are zeroed.
+    pub zeroing: Zeroing,
+    /// A zeroing that must be fast (`Zeroes::fast_only`) can succeed.
+    pub fast_zero: bool,
+    /// [`BlockDevice::allocation`] knows holes from data (otherwise it calls everything
+    /// data).
+    pub allocation: bool,
+    /// The medium seeks (a disk with heads).
+    pub rotational: bool,
+    /// Writes may sit in a volatile cache until a flush.
+    pub write_cache: bool,
+}
+
+impl Default for Caps {
+    /// What a device has unless it says otherwise: flush, FUA and trim, zeroes written as
+    /// data, no allocation queries, not rotational, a volatile write cache.
+    fn default() -> Self {
+        Self {
+            flush: true,
+            fua: true,
+            trim: true,
+            zeroing: Zeroing::Emulated,
+            fast_zero: false,
+            allocation: false,
+            rotational: false,
+            write_cache: true,
+        }
+    }
+}
+
+impl Caps {
+    /// What a volume over devices with `parts` has: each capability only if all have it
+    /// (rotational if any is, a write cache if any has one).
+    #[must_use]
+    pub fn stack(parts: impl IntoIterator<Item = Caps>) -> Self {
+        let mut all = Self {
+            rotational: false,
+            write_cache: false,
+            zeroing: Zeroing::Native,
+            fast_zero: true,
+            allocation: true,
+            ..Self::default()
+        };
+        for c in parts {
+            all.flush &= c.flush;
+            all.fua &= c.fua;
+            all.trim &= c.trim;
+            if c.zeroing == Zeroing::Emulated {
+                all.zeroing = Zeroing::Emulated;
+            }
+            all.fast_zero &= c.fast_zero;
+            all.allocation &= c.allocation;
+            all.rotational |= c.rotational;
+            all.write_cache |= c.write_cache;
+        }
+        all
+    }
+}
+
+/// What a device is: its size, limits, identity and capabilities. Sizes in 512-byte
+/// sectors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// A name for messages (a path, `mem0`, `volume`).
@@ -22,13 +114,9 @@ pub struct DeviceInfo {
     pub identity: Identity,
     /// Refuses writes, flushes and discards.
     pub read_only: bool,
-    /// Discard is supported. Kept equal to `limits.max_discard_sectors > 0` (one meaning
-    /// for 0 there: no discard); set both with [`DeviceInfo::set_discard`].
-    pub discard: bool,
-    /// `flush` (and FUA) really make writes durable. False for an NBD export whose server
-    /// offers no flush: its writes' durability is the server's affair, and a volume over it
-    /// does not claim flush either.
-    pub flush: bool,
+    /// What it can do. `caps.trim` is kept equal to `limits.max_discard_sectors > 0` (one
+    /// meaning for 0 there: no discard); set both with [`DeviceInfo::set_discard`].
+    pub caps: Caps,
 }
 
 impl DeviceInfo {
@@ -44,22 +132,22 @@ impl DeviceInfo {
             limits,
             identity: Identity::default(),
             read_only: false,
-            discard: true,
-            flush: true,
+            caps: Caps::default(),
         }
     }
 
-    /// Says whether discard is supported, keeping `discard` and `limits.max_discard_sectors`
-    /// in agreement (0 sectors: none; on, a cap already set is kept, else none is set).
+    /// Says whether discard is supported, keeping `caps.trim` and
+    /// `limits.max_discard_sectors` in agreement (0 sectors: none; on, a cap already set is
+    /// kept, else none is set).
     ///
     /// ```
     /// let mut i = tagstripe::DeviceInfo::new("d", 1024);
     /// i.set_discard(false);
-    /// assert!(!i.discard);
+    /// assert!(!i.caps.trim);
     /// assert_eq!(i.limits.max_discard_sectors, 0);
     /// ```
     pub fn set_discard(&mut self, on: bool) {
-        self.discard = on;
+        self.caps.trim = on;
         self.limits.max_discard_sectors = match (on, self.limits.max_discard_sectors) {
             (false, _) => 0,
             (true, 0) => u32::MAX,
@@ -145,7 +233,7 @@ impl DeviceInfo {
                 device: self.name.clone(),
             });
         }
-        if !self.discard {
+        if !self.caps.trim {
             return Err(Error::Unsupported {
                 device: self.name.clone(),
                 op: "discard",
@@ -213,6 +301,11 @@ impl IoOpts {
 pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Size, limits and identity.
     fn info(&self) -> &DeviceInfo;
+
+    /// What the device can do ([`Caps`]): its info's.
+    fn caps(&self) -> Caps {
+        self.info().caps
+    }
 
     /// Reads `sectors` sectors from `start`.
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes>;

@@ -66,7 +66,7 @@ pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
     sysfs_limits,
 };
-pub use device::{BlockDevice, DeviceInfo, Extent, IoOpts, Zeroes};
+pub use device::{BlockDevice, Caps, DeviceInfo, Extent, IoOpts, Zeroes, Zeroing};
 pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use metadata::component_metadata;

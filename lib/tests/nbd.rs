@@ -55,7 +55,7 @@ async fn client_and_server_agree_at_depth() {
         start(NbdServer::new(ServerConfig::default()).export("vol", vol.clone())).await;
     let c = Arc::new(NbdDevice::connect(&format!("{base}/vol")).await.unwrap());
     assert_eq!(c.info().sectors, vol.info().sectors);
-    assert!(c.info().discard);
+    assert!(c.caps().trim);
     // 64 writes in flight, then 64 reads, each checked.
     let mut tasks = Vec::new();
     for i in 0..64u64 {
@@ -941,7 +941,7 @@ async fn write_zeroes_and_fast_zero_through_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_is_offered_only_when_every_component_honours_it() {
     let mut info = tagstripe::DeviceInfo::new("volatile", 2048);
-    info.flush = false;
+    info.caps.flush = false;
     let volatile: Arc<dyn BlockDevice> = Arc::new(MemDevice::with_info(info));
     let (inner, _a) = start(NbdServer::new(ServerConfig::default()).export("v", volatile)).await;
     let addr = inner.trim_start_matches("nbd://").to_owned();
@@ -949,7 +949,7 @@ async fn flush_is_offered_only_when_every_component_honours_it() {
     assert_eq!(flags & (proto::TF_SEND_FLUSH | proto::TF_SEND_FUA), 0);
 
     let remote = NbdDevice::connect(&format!("{inner}/v")).await.unwrap();
-    assert!(!remote.info().flush);
+    assert!(!remote.caps().flush);
     let vol = Volume::builder(vec![
         Arc::new(remote) as Arc<dyn BlockDevice>,
         Arc::new(MemDevice::new("local", 2048)),
@@ -959,7 +959,7 @@ async fn flush_is_offered_only_when_every_component_honours_it() {
     .build()
     .unwrap();
     assert!(
-        !vol.info().flush,
+        !vol.caps().flush,
         "one component without flush: the volume has none"
     );
     let (outer, _b) =

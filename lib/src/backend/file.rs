@@ -73,6 +73,11 @@ impl FileDevice {
         let block = u64::from(info.limits.logical_block_size);
         info.sectors = len / block * block / 512;
         info.read_only = opts.read_only;
+        // A regular file: fallocate zeroes and punches, SEEK_DATA/SEEK_HOLE tell holes,
+        // the page cache (or the disk's cache under O_DIRECT) holds writes until fdatasync.
+        info.caps.zeroing = crate::Zeroing::Native;
+        info.caps.fast_zero = true;
+        info.caps.allocation = true;
         if info.sectors == 0 {
             return Err(Error::BadLength {
                 device: name,
@@ -118,7 +123,13 @@ impl FileDevice {
             &read_trim(&sys.join("device/rev")),
         );
         info.read_only = opts.read_only;
-        info.discard = info.limits.max_discard_sectors > 0;
+        info.caps.trim = info.limits.max_discard_sectors > 0;
+        // fallocate zeroes a block device's range (the kernel writes zeroes if the device
+        // has no WRITE ZEROES: fast only if it has).
+        info.caps.zeroing = crate::Zeroing::Native;
+        info.caps.fast_zero = info.limits.max_write_zeroes_sectors > 0;
+        info.caps.rotational = read_trim(&sys.join("queue/rotational")) == "1";
+        info.caps.write_cache = read_trim(&sys.join("queue/write_cache")) != "write through";
         Ok(Self {
             info,
             file: Arc::new(file),
@@ -442,6 +453,9 @@ pub fn sysfs_limits(queue: &Path, lbs: u32, pbs: u32) -> tagstripe_quirks::Limit
     }
     if let Some(v) = num("discard_max_bytes") {
         l.max_discard_sectors = u32_of(v / 512);
+    }
+    if let Some(v) = num("write_zeroes_max_bytes") {
+        l.max_write_zeroes_sectors = u32_of(v / 512);
     }
     if let Some(v) = num("discard_granularity") {
         l.discard_granularity = u32_of(v);

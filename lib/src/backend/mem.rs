@@ -37,7 +37,13 @@ impl MemDevice {
     /// A zeroed device of `sectors` sectors with default limits.
     #[must_use]
     pub fn new(name: &str, sectors: u64) -> Self {
-        Self::with_info(DeviceInfo::new(name, sectors))
+        let mut info = DeviceInfo::new(name, sectors);
+        // Zeroing drops pages, allocation scans for them, nothing is cached.
+        info.caps.zeroing = crate::Zeroing::Native;
+        info.caps.fast_zero = true;
+        info.caps.allocation = true;
+        info.caps.write_cache = false;
+        Self::with_info(info)
     }
 
     /// A zeroed device described by `info` (limits, identity, read-only).

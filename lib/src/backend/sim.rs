@@ -95,6 +95,8 @@ impl SimDevice {
             });
         }
         let mut info = DeviceInfo::new(name, sectors);
+        // A disk with heads unless the model is a solid-state one; zeroes written as data.
+        info.caps.rotational = cfg.ssd.is_none();
         info.limits.max_tags = cfg.window.max(1);
         info.limits.min_tags = info.limits.min_tags.min(info.limits.max_tags);
         Ok(Self {

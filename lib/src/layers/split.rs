@@ -29,6 +29,8 @@ pub struct Split<D> {
     dev: D,
     info: DeviceInfo,
     splitter: Splitter,
+    /// The device has a write cache the quirks forbid: every write goes durable.
+    force_fua: bool,
 }
 
 impl<D: BlockDevice> Split<D> {
@@ -41,12 +43,18 @@ impl<D: BlockDevice> Split<D> {
         let splitter = Splitter::for_device(applied, mod15)?;
         let mut info = dev.info().clone();
         info.limits = splitter.limits().clone();
-        // A quirk may take discard away (`notrim`): then the device has none, end to end.
-        info.discard = info.discard && info.limits.max_discard_sectors > 0;
+        // The quirk table takes away what a drive must not be sent: discard (`notrim`: then
+        // the device has none, end to end), FUA (a FUA write becomes a write and a flush),
+        // the write cache (every write goes FUA).
+        info.caps.trim &= info.limits.max_discard_sectors > 0;
+        info.caps.fua &= applied.fua;
+        let force_fua = info.caps.write_cache && !applied.write_cache;
+        info.caps.write_cache &= applied.write_cache;
         Ok(Self {
             dev,
             info,
             splitter,
+            force_fua,
         })
     }
 
@@ -96,12 +104,19 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         let pieces = self.splitter.split(Op::Write, start, sectors)?;
+        // The write cache off: every write durable as it completes. FUA forbidden: the
+        // write without it, then a flush.
+        let durable = opts.fua || self.force_fua;
+        let fua = durable && self.info.caps.fua;
         let writes = pieces.map(|p| {
             let off = ((p.start - start) * 512) as usize;
             let part = data.slice(off..off + p.sectors as usize * 512);
-            self.dev.write(p.start, part, opts)
+            self.dev.write(p.start, part, opts.fua(fua))
         });
         super::all(writes).await?;
+        if durable && !fua {
+            self.dev.flush(opts.fua(false)).await?;
+        }
         Ok(())
     }
 

@@ -104,8 +104,7 @@ impl Striped {
         let mut info = DeviceInfo::new(name, geometry.total_sectors());
         info.limits = stacked.limits;
         info.read_only = components.iter().any(|c| c.info().read_only);
-        info.discard = components.iter().all(|c| c.info().discard);
-        info.flush = components.iter().all(|c| c.info().flush);
+        info.caps = crate::Caps::stack(components.iter().map(|c| c.caps()));
         let policy = geometry.default_mirror_reads();
         Ok(Self {
             reads: Mutex::new(ReadBalancer::new(&geometry, policy)),

@@ -413,7 +413,20 @@ impl NbdDevice {
         let mut info = DeviceInfo::new(u.to_string(), ei.size / 512);
         info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
         info.set_discard(ei.flags & proto::TF_SEND_TRIM != 0);
-        info.flush = ei.flags & proto::TF_SEND_FLUSH != 0;
+        // What the server offers. FUA is done as write-then-flush where it has flush only;
+        // without WRITE_ZEROES zeroes are sent as data.
+        let has = |f: u16| ei.flags & f != 0;
+        info.caps.flush = has(proto::TF_SEND_FLUSH);
+        info.caps.fua = has(proto::TF_SEND_FUA) || has(proto::TF_SEND_FLUSH);
+        info.caps.write_cache = has(proto::TF_SEND_FLUSH);
+        info.caps.rotational = has(proto::TF_ROTATIONAL);
+        info.caps.zeroing = if has(proto::TF_SEND_WRITE_ZEROES) {
+            crate::Zeroing::Native
+        } else {
+            crate::Zeroing::Emulated
+        };
+        info.caps.fast_zero = has(proto::TF_SEND_FAST_ZERO);
+        info.caps.allocation = conn.shared.allocation.is_some();
         let mut max_bytes = 32 << 20;
         if let Some((min, pref, max)) = ei.block_sizes {
             info.limits.logical_block_size = min.max(512);

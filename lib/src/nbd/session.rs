@@ -1227,12 +1227,15 @@ impl ServerSession {
 
     /// Transmission flags of export `e` for this connection.
     fn flags(&self, e: &ExportEntry) -> u16 {
-        let info = e.device.info();
+        let caps = e.device.caps();
         let mut f = proto::TF_HAS_FLAGS | proto::TF_CAN_MULTI_CONN | proto::TF_SEND_CACHE;
         // Flush and FUA are offered only if every component honours them (a read-only
         // export's flush is a no-op, and offered as other servers do).
-        if e.read_only || info.flush {
+        if e.read_only || caps.flush {
             f |= proto::TF_SEND_FLUSH;
+        }
+        if caps.rotational {
+            f |= proto::TF_ROTATIONAL;
         }
         if self.structured {
             f |= proto::TF_SEND_DF;
@@ -1240,11 +1243,11 @@ impl ServerSession {
         if e.read_only {
             f |= proto::TF_READ_ONLY;
         } else {
-            if info.flush {
+            if caps.flush && caps.fua {
                 f |= proto::TF_SEND_FUA;
             }
             f |= proto::TF_SEND_WRITE_ZEROES | proto::TF_SEND_FAST_ZERO;
-            if info.discard {
+            if caps.trim {
                 f |= proto::TF_SEND_TRIM;
             }
         }
