@@ -13,7 +13,7 @@ use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::{IoClass, Rng};
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, Error, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, ByteModel, Error, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
 
 /// Arguments of `tagstripe bench soak`.
 #[derive(Debug, Args)]
@@ -207,8 +207,7 @@ async fn work(
     let mut t = Tally::default();
     let mut rng = Rng::new(seed);
     let total = rig.vol.info().sectors;
-    let mut data = vec![0u8; total as usize * 512];
-    let mut unknown = vec![false; total as usize];
+    let mut model = ByteModel::new(total);
     let kinds = [
         FaultKind::Error,
         FaultKind::QueueFull,
@@ -257,7 +256,6 @@ async fn work(
         t.ops += 1;
         let s = rng.below(total);
         let n = (rng.below(256) + 1).min(total - s);
-        let range = s as usize..(s + n) as usize;
         let pick = if std::mem::take(&mut force_write) {
             0
         } else {
@@ -269,31 +267,22 @@ async fn work(
                 let bytes: Vec<u8> = (0..n * 512)
                     .map(|i| (i as u8).wrapping_mul(seed | 1) ^ (s as u8))
                     .collect();
-                if rig
+                let ok = rig
                     .vol
                     .write(s, Bytes::from(bytes.clone()), IoOpts::new())
                     .await
-                    .is_ok()
-                {
-                    data[range.start * 512..range.end * 512].copy_from_slice(&bytes);
-                    unknown[range].fill(false);
-                } else {
-                    t.failed_ops += 1;
-                    unknown[range].fill(true);
-                }
+                    .is_ok();
+                t.failed_ops += u64::from(!ok);
+                model.write(s, &bytes, ok);
             }
             4..=7 => match rig.vol.read(s, n, IoOpts::new()).await {
-                Ok(got) => check(&got, s, &data, &unknown, &mut t),
+                Ok(got) => check(&got, s, &model, &mut t),
                 Err(_) => t.failed_ops += 1,
             },
             8 => {
-                if rig.vol.discard(s, n, IoOpts::new()).await.is_ok() {
-                    data[range.start * 512..range.end * 512].fill(0);
-                    unknown[range].fill(false);
-                } else {
-                    t.failed_ops += 1;
-                    unknown[range].fill(true);
-                }
+                let ok = rig.vol.discard(s, n, IoOpts::new()).await.is_ok();
+                t.failed_ops += u64::from(!ok);
+                model.zero(s, n, ok);
             }
             _ => {
                 if rig.vol.flush(IoOpts::new()).await.is_err() {
@@ -322,7 +311,7 @@ async fn work(
     for s in (0..total).step_by(256) {
         let n = 256.min(total - s);
         match rig.vol.read(s, n, IoOpts::new()).await {
-            Ok(got) => check(&got, s, &data, &unknown, &mut t),
+            Ok(got) => check(&got, s, &model, &mut t),
             // Unreadable only because a component failed for good, and the error says which.
             Err(Error::Component { .. }) => t.unavailable += n,
             Err(_) => t.unnamed += n,
@@ -332,17 +321,10 @@ async fn work(
     Ok((rig.name.to_owned(), t))
 }
 
-fn check(got: &[u8], s: u64, data: &[u8], unknown: &[bool], t: &mut Tally) {
-    for (k, sec) in (s as usize..s as usize + got.len() / 512).enumerate() {
-        if unknown[sec] {
-            continue;
-        }
-        if got[k * 512..(k + 1) * 512] == data[sec * 512..(sec + 1) * 512] {
-            t.verified += 512;
-        } else {
-            t.lost += 512;
-        }
-    }
+fn check(got: &[u8], s: u64, model: &ByteModel, t: &mut Tally) {
+    let c = model.check(s, got);
+    t.verified += c.verified;
+    t.lost += c.lost();
 }
 
 pub(crate) fn run(a: &SoakArgs) -> ExitCode {

@@ -12,7 +12,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, ByteModel, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -72,8 +72,7 @@ fuzz_target!(|input: Input| {
         .unwrap();
     rt.block_on(async {
         let total = vol.info().sectors;
-        let mut data = vec![0u8; total as usize * 512];
-        let mut unknown = vec![false; total as usize];
+        let mut model = ByteModel::new(total);
         let span = |start: u16, len: u8| {
             let s = u64::from(start) % total;
             (s, u64::from(len).clamp(1, total - s))
@@ -88,13 +87,7 @@ fuzz_target!(|input: Input| {
                     let r = vol
                         .write(s, Bytes::from(bytes.clone()), IoOpts::new())
                         .await;
-                    let sec = s as usize..(s + n) as usize;
-                    if r.is_ok() {
-                        data[sec.start * 512..sec.end * 512].copy_from_slice(&bytes);
-                        unknown[sec].fill(false);
-                    } else {
-                        unknown[sec].fill(true);
-                    }
+                    model.write(s, &bytes, r.is_ok());
                 }
                 Op::Read { start, len, into } => {
                     let (s, n) = span(start, len);
@@ -108,23 +101,14 @@ fuzz_target!(|input: Input| {
                     };
                     if let Ok(got) = got {
                         assert_eq!(got.len() as u64, n * 512);
-                        for sec in s..s + n {
-                            if !unknown[sec as usize] {
-                                let (a, b) = (((sec - s) * 512) as usize, (sec * 512) as usize);
-                                assert!(got[a..a + 512] == data[b..b + 512], "sector {sec}");
-                            }
-                        }
+                        let c = model.check(s, &got);
+                        assert!(c.mismatched.is_empty(), "sectors {:?}", c.mismatched);
                     }
                 }
                 Op::Discard { start, len } => {
                     let (s, n) = span(start, len);
-                    let sec = s as usize..(s + n) as usize;
-                    if vol.discard(s, n, IoOpts::new()).await.is_ok() {
-                        data[sec.start * 512..sec.end * 512].fill(0);
-                        unknown[sec].fill(false);
-                    } else {
-                        unknown[sec].fill(true);
-                    }
+                    let ok = vol.discard(s, n, IoOpts::new()).await.is_ok();
+                    model.zero(s, n, ok);
                 }
                 Op::Flush => {
                     let _ = vol.flush(IoOpts::new()).await;
@@ -147,13 +131,7 @@ fuzz_target!(|input: Input| {
             .read(0, total, IoOpts::new())
             .await
             .expect("a read with no faults");
-        for sec in 0..total as usize {
-            if !unknown[sec] {
-                assert!(
-                    all[sec * 512..(sec + 1) * 512] == data[sec * 512..(sec + 1) * 512],
-                    "final sector {sec}"
-                );
-            }
-        }
+        let c = model.check(0, &all);
+        assert!(c.mismatched.is_empty(), "final sectors {:?}", c.mismatched);
     });
 });

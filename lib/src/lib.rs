@@ -51,6 +51,7 @@ mod device;
 mod error;
 mod layers;
 mod metadata;
+mod model;
 #[cfg(feature = "nbd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;
@@ -70,6 +71,7 @@ pub use device::{BlockDevice, Caps, DeviceInfo, Extent, IoOpts, Zeroes, Zeroing}
 pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use metadata::component_metadata;
+pub use model::{ByteModel, Check};
 pub use open::{OpenOptions, open};
 pub use resync::{MirrorEvent, SideStatus};
 pub use stats::{Stats, StatsSnapshot};

@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use tagstripe::striping::Flavor;
 
 use tagstripe::{
-    BlockDevice, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, MirrorEvent,
-    SideStatus, Volume,
+    BlockDevice, ByteModel, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice,
+    MirrorEvent, SideStatus, Volume,
 };
 
 mod common;
@@ -364,18 +364,11 @@ fn a_torn_copy_falls_back_and_a_blank_stripe_member_is_refused() {
     });
 }
 
-/// Every sector not marked unknown reads back as the model says.
-async fn check(v: &Volume, model: &[u8], unknown: &[bool]) {
-    let total = v.info().sectors;
-    let all = v.read(0, total, IoOpts::new()).await.unwrap();
-    for sec in 0..total as usize {
-        if !unknown[sec] {
-            assert!(
-                all[sec * 512..sec * 512 + 512] == model[sec * 512..sec * 512 + 512],
-                "sector {sec} lost"
-            );
-        }
-    }
+/// Every known sector reads back as the model says.
+async fn check(v: &Volume, model: &ByteModel) {
+    let all = v.read(0, v.info().sectors, IoOpts::new()).await.unwrap();
+    let c = model.check(0, &all);
+    assert!(c.mismatched.is_empty(), "sectors {:?} lost", c.mismatched);
 }
 
 #[derive(Clone, Debug)]
@@ -413,25 +406,20 @@ fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
     proptest::collection::vec(step, 1..40)
 }
 
-/// Both sides hold the same bytes wherever the model knows them.
-async fn sides_agree(sides: &[Arc<FaultDevice<MemDevice>>; 2], total: u64, unknown: &[bool]) {
-    let x = sides[0]
-        .inner()
-        .read(0, total, IoOpts::new())
-        .await
-        .unwrap();
-    let y = sides[1]
-        .inner()
-        .read(0, total, IoOpts::new())
-        .await
-        .unwrap();
-    for sec in 0..total as usize {
-        if !unknown[sec] {
-            assert!(
-                x[sec * 512..sec * 512 + 512] == y[sec * 512..sec * 512 + 512],
-                "the sides differ at sector {sec} though both are in sync"
-            );
-        }
+/// Both sides hold what the model knows.
+async fn sides_agree(sides: &[Arc<FaultDevice<MemDevice>>; 2], model: &ByteModel) {
+    for (i, side) in sides.iter().enumerate() {
+        let x = side
+            .inner()
+            .read(0, model.sectors(), IoOpts::new())
+            .await
+            .unwrap();
+        let c = model.check(0, &x);
+        assert!(
+            c.mismatched.is_empty(),
+            "side {i} differs at sectors {:?} though in sync",
+            c.mismatched
+        );
     }
 }
 
@@ -452,8 +440,7 @@ proptest::proptest! {
             };
             let mut v = open(&sides).await.unwrap();
             let total = v.info().sectors;
-            let mut model = vec![0u8; total as usize * 512];
-            let mut unknown = vec![false; total as usize];
+            let mut model = ByteModel::new(total);
             let mut failing = [false; 2];
             for step in steps {
                 match step {
@@ -461,14 +448,8 @@ proptest::proptest! {
                         let s = s % total;
                         let n = n.min(total - s);
                         let data = vec![seed; n as usize * 512];
-                        let range = s as usize..(s + n) as usize;
-                        match v.write(s, Bytes::from(data.clone()), IoOpts::new()).await {
-                            Ok(()) => {
-                                model[range.start * 512..range.end * 512].copy_from_slice(&data);
-                                unknown[range].fill(false);
-                            }
-                            Err(_) => unknown[range].fill(true),
-                        }
+                        let ok = v.write(s, Bytes::from(data.clone()), IoOpts::new()).await.is_ok();
+                        model.write(s, &data, ok);
                     }
                     Step::Fail(i) => {
                         sides[i].inject(Fault::always(FaultOp::Write, FaultKind::Error));
@@ -494,7 +475,7 @@ proptest::proptest! {
                                 open(&sides).await.unwrap()
                             }
                         };
-                        check(&v, &model, &unknown).await;
+                        check(&v, &model).await;
                     }
                     Step::Resync => {
                         let _ = v.resync();
@@ -512,7 +493,7 @@ proptest::proptest! {
                     }
                 }
             }
-            check(&v, &model, &unknown).await;
+            check(&v, &model).await;
             // Healed and restarted: the sides come back, and then agree.
             for s in &sides {
                 s.clear();
@@ -520,9 +501,9 @@ proptest::proptest! {
             drop(v);
             let v = open(&sides).await.unwrap();
             v.wait_resync().await;
-            check(&v, &model, &unknown).await;
+            check(&v, &model).await;
             assert_eq!(v.status(), [SideStatus::InSync, SideStatus::InSync]);
-            sides_agree(&sides, total, &unknown).await;
+            sides_agree(&sides, &model).await;
         });
     }
 }

@@ -58,12 +58,6 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 1..60)
 }
 
-/// The model: bytes, and which sectors are unknown after a failed write.
-struct Model {
-    data: Vec<u8>,
-    unknown: Vec<bool>,
-}
-
 fn sizes(kind: Kind) -> Vec<u64> {
     match kind {
         Kind::Concat | Kind::Stripes => vec![1000, 2000, 1500],
@@ -210,10 +204,7 @@ async fn run(
 ) -> Result<(), TestCaseError> {
     let f = fixture(kind, backend, case);
     let total = f.vol.info().sectors;
-    let mut m = Model {
-        data: vec![0u8; total as usize * 512],
-        unknown: vec![false; total as usize],
-    };
+    let mut m = tagstripe::ByteModel::new(total);
     if fault_rate > 0.0 {
         for (i, d) in f.faults.iter().enumerate() {
             d.random(
@@ -233,17 +224,11 @@ async fn run(
                     .vol
                     .write(s, Bytes::from(data.clone()), IoOpts::new())
                     .await;
-                let range = s as usize..(s + n) as usize;
-                match r {
-                    Ok(()) => {
-                        m.data[range.start * 512..range.end * 512].copy_from_slice(&data);
-                        m.unknown[range].fill(false);
-                    }
-                    Err(_) => {
-                        prop_assert!(fault_rate > 0.0, "write failed with no faults injected");
-                        m.unknown[range].fill(true);
-                    }
-                }
+                prop_assert!(
+                    r.is_ok() || fault_rate > 0.0,
+                    "write failed with no faults injected"
+                );
+                m.write(s, &data, r.is_ok());
             }
             Op::Read(s, n) => {
                 let s = s % total;
@@ -261,18 +246,8 @@ async fn run(
                 match r {
                     Ok(got) => {
                         prop_assert_eq!(got.len() as u64, n * 512);
-                        for sec in s..s + n {
-                            if m.unknown[sec as usize] {
-                                continue;
-                            }
-                            let a = ((sec - s) * 512) as usize;
-                            let b = (sec * 512) as usize;
-                            prop_assert!(
-                                got[a..a + 512] == m.data[b..b + 512],
-                                "sector {} differs",
-                                sec
-                            );
-                        }
+                        let c = m.check(s, &got);
+                        prop_assert!(c.mismatched.is_empty(), "sectors {:?} differ", c.mismatched);
                     }
                     Err(_) => prop_assert!(fault_rate > 0.0, "read failed with no faults injected"),
                 }
@@ -280,36 +255,23 @@ async fn run(
             Op::Discard(s, n) => {
                 let s = s % total;
                 let n = n.min(total - s);
-                let range = s as usize..(s + n) as usize;
-                match f.vol.discard(s, n, IoOpts::new()).await {
-                    Ok(()) => {
-                        m.data[range.start * 512..range.end * 512].fill(0);
-                        m.unknown[range].fill(false);
-                    }
-                    Err(_) => {
-                        prop_assert!(fault_rate > 0.0, "discard failed with no faults injected");
-                        m.unknown[range].fill(true);
-                    }
-                }
+                let ok = f.vol.discard(s, n, IoOpts::new()).await.is_ok();
+                prop_assert!(
+                    ok || fault_rate > 0.0,
+                    "discard failed with no faults injected"
+                );
+                m.zero(s, n, ok);
             }
             Op::Zero(s, n, unmap) => {
                 let s = s % total;
                 let n = n.min(total - s);
-                let range = s as usize..(s + n) as usize;
                 let z = tagstripe::Zeroes::new().unmap(unmap);
-                match f.vol.write_zeroes(s, n, z, IoOpts::new()).await {
-                    Ok(()) => {
-                        m.data[range.start * 512..range.end * 512].fill(0);
-                        m.unknown[range].fill(false);
-                    }
-                    Err(_) => {
-                        prop_assert!(
-                            fault_rate > 0.0,
-                            "write-zeroes failed with no faults injected"
-                        );
-                        m.unknown[range].fill(true);
-                    }
-                }
+                let ok = f.vol.write_zeroes(s, n, z, IoOpts::new()).await.is_ok();
+                prop_assert!(
+                    ok || fault_rate > 0.0,
+                    "write-zeroes failed with no faults injected"
+                );
+                m.zero(s, n, ok);
             }
             Op::Alloc(s, n) => {
                 let s = s % total;
@@ -326,10 +288,8 @@ async fn run(
                     prop_assert!(e.sectors > 0);
                     if e.zero {
                         for sec in at..at + e.sectors {
-                            let b = sec as usize * 512;
                             prop_assert!(
-                                m.unknown[sec as usize]
-                                    || m.data[b..b + 512].iter().all(|&x| x == 0),
+                                m.expected(sec).is_none_or(|b| b.iter().all(|&x| x == 0)),
                                 "sector {} is in a zero extent but holds data",
                                 sec
                             );
@@ -353,15 +313,8 @@ async fn run(
         .read(0, total, IoOpts::new())
         .await
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    for sec in 0..total as usize {
-        if !m.unknown[sec] {
-            prop_assert!(
-                all[sec * 512..sec * 512 + 512] == m.data[sec * 512..sec * 512 + 512],
-                "sector {} lost",
-                sec
-            );
-        }
-    }
+    let c = m.check(0, &all);
+    prop_assert!(c.mismatched.is_empty(), "sectors {:?} lost", c.mismatched);
     Ok(())
 }
 
