@@ -119,6 +119,21 @@ impl Stats {
         self.latency[class as usize][bucket(ns)].fetch_add(1, Relaxed);
     }
 
+    /// Requests in flight and every request started so far: a cheap look at whether the
+    /// device is in use (no histogram copied).
+    ///
+    /// ```
+    /// let s = tagstripe::Stats::default();
+    /// assert_eq!(s.activity(), (0, 0));
+    /// ```
+    #[must_use]
+    pub fn activity(&self) -> (u64, u64) {
+        let done: u64 =
+            self.ops.iter().map(|o| o.load(Relaxed)).sum::<u64>() + self.errors.load(Relaxed);
+        let now = self.in_flight.load(Relaxed);
+        (now, done + now)
+    }
+
     /// The counters now.
     ///
     /// ```

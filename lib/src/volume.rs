@@ -441,7 +441,7 @@ impl VolumeBuilder {
         let (resyncing, _) = tokio::sync::watch::channel(false);
         Ok(Volume {
             striped: Arc::new(striped),
-            stats: Stats::default(),
+            stats: Arc::new(Stats::default()),
             component_stats,
             queues,
             resyncing,
@@ -456,7 +456,7 @@ impl VolumeBuilder {
 #[derive(Debug)]
 pub struct Volume {
     striped: Arc<Striped>,
-    stats: Stats,
+    stats: Arc<Stats>,
     component_stats: Vec<Arc<Stats>>,
     queues: Vec<QueueHandle>,
     /// Whether a resync runs.
@@ -809,10 +809,11 @@ impl Volume {
 
     fn start_resync(&self, targets: Vec<usize>) {
         let s = Arc::clone(&self.striped);
+        let clients = Arc::clone(&self.stats);
         let tx = self.resyncing.clone();
         tx.send_replace(true);
         let task = tokio::spawn(async move {
-            if let Err(e) = crate::resync::run(&s, &targets).await {
+            if let Err(e) = crate::resync::run(&s, &targets, &clients).await {
                 crate::resync::abandon(&s, &targets, &e).await;
             }
             tx.send_replace(false);
