@@ -108,8 +108,9 @@ struct Map {
     shape: Bitmap,
     /// A resync copies: writes take their chunks' shard locks.
     copying: AtomicBool,
-    /// Writes in flight that took no shard lock.
-    unlocked: AtomicUsize,
+    /// Writes in flight that took no shard lock, counted in a few padded counters (one
+    /// shared counter would bounce between the cores on every write).
+    unlocked: Vec<Padded>,
     /// Told when the last of those ends while a resync waits.
     drained: tokio::sync::Notify,
 }
@@ -123,6 +124,13 @@ impl Map {
         b
     }
 }
+
+/// A counter on a cache line of its own.
+#[repr(align(64))]
+struct Padded(AtomicUsize);
+
+/// How many `unlocked` counters.
+const COUNTERS: usize = 16;
 
 /// The rest of the bookkeeping, seldom touched.
 #[derive(Debug)]
@@ -191,8 +199,9 @@ impl Chunks {
 pub(crate) struct WriteGuard<'a> {
     keeper: &'a Keeper,
     chunks: Chunks,
-    /// Whether it took no shard lock (no resync was copying when it began).
-    unlocked: bool,
+    /// The counter it is counted in if it took no shard lock (no resync was copying when it
+    /// began).
+    unlocked: Option<usize>,
     _locks: Vec<tokio::sync::RwLockReadGuard<'a, ()>>,
 }
 
@@ -202,8 +211,10 @@ impl Drop for WriteGuard<'_> {
         self.chunks.each(|c| {
             m.inflight[c as usize].fetch_sub(1, SeqCst);
         });
-        if self.unlocked && m.unlocked.fetch_sub(1, SeqCst) == 1 && m.copying.load(SeqCst) {
-            m.drained.notify_waiters();
+        if let Some(i) = self.unlocked {
+            if m.unlocked[i].0.fetch_sub(1, SeqCst) == 1 && m.copying.load(SeqCst) {
+                m.drained.notify_waiters();
+            }
         }
     }
 }
@@ -253,7 +264,7 @@ impl Keeper {
                 n,
                 shape,
                 copying: AtomicBool::new(false),
-                unlocked: AtomicUsize::new(0),
+                unlocked: (0..COUNTERS).map(|_| Padded(AtomicUsize::new(0))).collect(),
                 drained: tokio::sync::Notify::new(),
             },
             slow: parking_lot::Mutex::new(Slow {
@@ -339,7 +350,7 @@ impl Keeper {
             let drained = m.drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
-            if m.unlocked.load(SeqCst) == 0 {
+            if m.unlocked.iter().all(|c| c.0.load(SeqCst) == 0) {
                 break;
             }
             drained.await;
@@ -376,11 +387,14 @@ impl Keeper {
             }
         };
         // No shard lock unless a resync copies (it waits for the writes that took none).
-        m.unlocked.fetch_add(1, SeqCst);
-        let unlocked = !m.copying.load(SeqCst);
+        let mut first = 0;
+        chunks.each(|c| first = c);
+        let counter = first as usize % COUNTERS;
+        m.unlocked[counter].0.fetch_add(1, SeqCst);
+        let unlocked = (!m.copying.load(SeqCst)).then_some(counter);
         let mut locks = Vec::new();
-        if !unlocked {
-            if m.unlocked.fetch_sub(1, SeqCst) == 1 {
+        if unlocked.is_none() {
+            if m.unlocked[counter].0.fetch_sub(1, SeqCst) == 1 {
                 m.drained.notify_waiters();
             }
             let mut shards = Vec::new();
