@@ -1,0 +1,391 @@
+//! The live fairness story: an interactive reader alone, then beside a bulk writer with
+//! fairness off (no queue) and on, and the goals it is held to; `bench fairness` live.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tagstripe::BlockDevice;
+use tagstripe::scheduler::IoClass;
+use tagstripe::striping::Flavor;
+
+use super::{Progress, TempFiles, Watched, build, round, runtime, temp_components};
+use crate::components;
+use crate::load::{self, Load, Op, Outcome};
+
+/// One run of the live story.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct LiveRun {
+    /// "reader alone", "fairness off (no queue)" or "fairness on (tagstripe)".
+    pub(super) run: &'static str,
+    pub(super) interactive: Interactive,
+    /// Bulk's throughput (0 when there is no bulk writer).
+    pub(super) bulk_mb_s: f64,
+    /// How the queues shaped bulk (with fairness on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) bulk_shaping: Option<Shaping>,
+}
+
+/// The interactive reader's latency.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Interactive {
+    pub(super) p50_ms: f64,
+    pub(super) p99_ms: f64,
+    pub(super) max_ms: f64,
+    pub(super) reads: u64,
+}
+
+/// The live story on a volume over `comps` (interleave, flavor): an interactive 4 KiB
+/// reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
+/// `secs` each. Prints a table if `text`; returns the runs and the goals.
+pub(super) async fn live_fairness(
+    comps: &[Arc<dyn BlockDevice>],
+    (interleave, flavor): (u64, Flavor),
+    secs: Duration,
+    text: bool,
+    progress: &Progress,
+    watched: Option<&Watched>,
+) -> Result<(Vec<LiveRun>, Goals), String> {
+    if text {
+        outln!(
+            "\nlive on this volume: a bulk writer (1 MiB, 16 in flight) and an interactive reader (4 KiB random, one at a time, 1 ms apart), {secs:?}"
+        );
+        outln!(
+            "{:<26} {:>10} {:>10} {:>10} {:>10}",
+            "run",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "bulk MB/s"
+        );
+    }
+    let mut live = Vec::new();
+    // Reader p99 (ms) and bulk MB/s of each run, for the goals.
+    let mut figures = Vec::new();
+    for (label, queue, with_bulk) in [
+        ("reader alone", true, false),
+        ("fairness off (no queue)", false, true),
+        ("fairness on (tagstripe)", true, true),
+    ] {
+        progress.step(&format!("fairness: {label}"));
+        let v = Arc::new(build(comps.to_vec(), interleave, flavor, queue)?);
+        if let Some(Ok(mut w)) = watched.map(|w| w.lock()) {
+            *w = v.component_stats().to_vec();
+        }
+        let total = v.info().sectors;
+        let trace = ShapeTrace::start(v.queues());
+        let v: Arc<dyn BlockDevice> = v;
+        let reader = Load {
+            op: Op::RandRead,
+            bs: 4096,
+            depth: 1,
+            time: secs,
+            bytes: 0,
+            region: (0, total),
+            class: IoClass::Interactive,
+            think: Duration::from_millis(1),
+            seed: 3,
+        };
+        let bulk = Load {
+            op: Op::Write,
+            bs: 1 << 20,
+            depth: 16,
+            time: secs,
+            bytes: 0,
+            region: (0, total),
+            class: IoClass::Bulk,
+            think: Duration::ZERO,
+            seed: 4,
+        };
+        let (i, b) = if with_bulk {
+            tokio::join!(
+                load::run(Arc::clone(&v), reader),
+                load::run(Arc::clone(&v), bulk)
+            )
+        } else {
+            (load::run(Arc::clone(&v), reader).await, Outcome::default())
+        };
+        let shaping = trace.finish().await.summary();
+        let ms = |p| round(i.lat_us(p) / 1e3, 2);
+        let run = LiveRun {
+            run: label,
+            interactive: Interactive {
+                p50_ms: ms(0.5),
+                p99_ms: ms(0.99),
+                max_ms: ms(1.0),
+                reads: i.ops,
+            },
+            bulk_mb_s: if with_bulk { round(b.mb_s(), 2) } else { 0.0 },
+            bulk_shaping: (queue && with_bulk).then_some(shaping),
+        };
+        if text {
+            let bulk_mb = if with_bulk {
+                format!("{:.1}", b.mb_s())
+            } else {
+                "-".to_owned()
+            };
+            outln!(
+                "{:<26} {:>10.2} {:>10.2} {:>10.2} {:>10}",
+                label,
+                run.interactive.p50_ms,
+                run.interactive.p99_ms,
+                run.interactive.max_ms,
+                bulk_mb
+            );
+            if let Some(s) = &run.bulk_shaping {
+                outln!("{:<26} {}", "  bulk shaping", s.line());
+            }
+        }
+        live.push(run);
+        figures.push((i.lat_us(0.99) / 1e3, b.mb_s()));
+    }
+    let goals = Goals::of(&figures);
+    if text {
+        outln!("{}", goals.line());
+    }
+    Ok((live, goals))
+}
+
+/// The live story's goals: with fairness on, the reader's p99 at most 4x the reader alone,
+/// and bulk at least 0.75x of fairness off.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Goals {
+    p99_ratio: f64,
+    p99_ratio_max: f64,
+    bulk_ratio: f64,
+    bulk_ratio_min: f64,
+    met: bool,
+}
+
+impl Goals {
+    const P99_MAX: f64 = 4.0;
+    const BULK_MIN: f64 = 0.75;
+
+    /// From (reader p99 ms, bulk MB/s) of the runs: alone, off, on.
+    fn of(runs: &[(f64, f64)]) -> Self {
+        let (alone, off, on) = match runs {
+            [a, b, c] => (*a, *b, *c),
+            _ => ((0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
+        };
+        let p99_ratio = on.0 / alone.0.max(1e-6);
+        let bulk_ratio = on.1 / off.1.max(1e-6);
+        Self {
+            p99_ratio: round(p99_ratio, 2),
+            p99_ratio_max: Self::P99_MAX,
+            bulk_ratio: round(bulk_ratio, 3),
+            bulk_ratio_min: Self::BULK_MIN,
+            met: p99_ratio <= Self::P99_MAX && bulk_ratio >= Self::BULK_MIN,
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "fairness on: reader p99 {:.1}x alone (goal <= {}x), bulk {:.2}x of fairness off (goal >= {}x): {}",
+            self.p99_ratio,
+            self.p99_ratio_max,
+            self.bulk_ratio,
+            self.bulk_ratio_min,
+            if self.met { "met" } else { "NOT met" }
+        )
+    }
+}
+
+/// How the queues shaped bulk during a live run: samples of bulk's depth at each
+/// component (commands at the device), its piece size and budget, every 2 ms, and the
+/// controller's changes (the queues' `Shaped` events).
+struct ShapeTrace {
+    stop: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<ShapeSamples>,
+}
+
+#[derive(Default)]
+struct ShapeSamples {
+    depth: Vec<u64>,
+    piece_kib: Vec<u64>,
+    budget_kib: Vec<u64>,
+    target_us: Vec<u64>,
+    changes: u64,
+}
+
+impl ShapeTrace {
+    fn start(queues: &[tagstripe::QueueHandle]) -> Self {
+        let queues = queues.to_vec();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut out = ShapeSamples::default();
+            let mut events: Vec<_> = queues.iter().map(|q| q.subscribe()).collect();
+            let mut tick = tokio::time::interval(Duration::from_millis(2));
+            loop {
+                tokio::select! {
+                    _ = stopped.notified() => break,
+                    _ = tick.tick() => {}
+                }
+                for (q, rx) in queues.iter().zip(events.iter_mut()) {
+                    while let Ok(e) = rx.try_recv() {
+                        if matches!(e, tagstripe::scheduler::Event::Shaped(_)) {
+                            out.changes += 1;
+                        }
+                    }
+                    out.depth.push(u64::from(q.active(IoClass::Bulk)));
+                    if let Some(s) = q.shape() {
+                        out.piece_kib.push(s.piece_sectors / 2);
+                        out.budget_kib.push(s.budget_sectors / 2);
+                        out.target_us.push(s.target_ns / 1000);
+                    }
+                }
+            }
+            out
+        });
+        Self { stop, task }
+    }
+
+    async fn finish(self) -> ShapeSamples {
+        self.stop.notify_one();
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// Minimum, median and maximum of samples.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub(super) struct Spread {
+    min: u64,
+    median: u64,
+    max: u64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<u64>) -> Self {
+        v.sort_unstable();
+        match (v.first(), v.get(v.len() / 2), v.last()) {
+            (Some(&min), Some(&median), Some(&max)) => Self { min, median, max },
+            _ => Self::default(),
+        }
+    }
+}
+
+/// Bulk's shaping over a run, summed up.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Shaping {
+    depth: Spread,
+    piece_kib: Spread,
+    budget_kib: Spread,
+    target_us: Spread,
+    changes: u64,
+    samples: usize,
+}
+
+impl ShapeSamples {
+    fn summary(self) -> Shaping {
+        Shaping {
+            samples: self.depth.len(),
+            depth: Spread::of(self.depth),
+            piece_kib: Spread::of(self.piece_kib),
+            budget_kib: Spread::of(self.budget_kib),
+            target_us: Spread::of(self.target_us),
+            changes: self.changes,
+        }
+    }
+}
+
+impl Shaping {
+    fn line(&self) -> String {
+        let (d, p, b, t) = (self.depth, self.piece_kib, self.budget_kib, self.target_us);
+        format!(
+            "depth {}/{}/{}, piece {}/{}/{} KiB, budget {}/{}/{} KiB, target {}/{}/{} us (min/median/max), {} changes",
+            d.min,
+            d.median,
+            d.max,
+            p.min,
+            p.median,
+            p.max,
+            b.min,
+            b.median,
+            b.max,
+            t.min,
+            t.median,
+            t.max,
+            self.changes
+        )
+    }
+}
+
+/// What `bench fairness --json` prints (live).
+#[derive(Debug, Serialize)]
+struct LiveReport {
+    live: Vec<LiveRun>,
+    seconds: f64,
+    interleave: u64,
+    direct: bool,
+    goals: Goals,
+}
+
+/// `tagstripe bench fairness` without `--sim`: the live story on a volume over `components`
+/// (default: 4 temporary files, removed at the end).
+pub(crate) fn fairness_live(
+    components: &[String],
+    interleave: u64,
+    secs: f64,
+    json: bool,
+    buffered: bool,
+) -> ExitCode {
+    let rt = match runtime(1) {
+        Ok(rt) => rt,
+        Err(c) => return c,
+    };
+    let temp = TempFiles {
+        dir: std::env::temp_dir().join(format!("tagstripe-fairness-{}", std::process::id())),
+    };
+    let code = rt.block_on(async {
+        let run = async {
+            let (comps, _, direct) = if components.is_empty() {
+                temp_components(&temp, 256 << 20, !buffered).await?
+            } else {
+                let (c, direct) =
+                    components::open_all_for_bench(components, false, buffered).await?;
+                (c, components.to_vec(), direct)
+            };
+            if !json {
+                outln!(
+                    "components: {}",
+                    if direct {
+                        "O_DIRECT"
+                    } else {
+                        "buffered (page cache)"
+                    }
+                );
+            }
+            let progress = Progress::new(3);
+            let live = live_fairness(
+                &comps,
+                (interleave, Flavor::NetBsd),
+                Duration::from_secs_f64(secs),
+                !json,
+                &progress,
+                None,
+            )
+            .await;
+            progress.finish();
+            live.map(|(l, g)| (l, g, direct))
+        };
+        tokio::select! {
+            r = run => match r {
+                Ok((live, goals, direct)) => {
+                    if json {
+                        let r = LiveReport { live, seconds: secs, interleave, direct, goals };
+                        outln!("{}", super::report::to_json(&r));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => crate::fail("bench fairness", "volume", &e, json),
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("interrupted: removing the temporary files");
+                ExitCode::from(130)
+            }
+        }
+    });
+    drop(temp);
+    code
+}
