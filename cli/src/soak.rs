@@ -233,13 +233,12 @@ async fn work(
             round += 1;
         }
         // Halfway through, the NBD mirror loses a connection for good.
-        if let Some(h) = rig.drop_conn.as_ref()
-            && started.elapsed() > (until - started) / 2
-        {
-            h.abort();
-            rig.drop_conn = None;
-            t.dropped_connections += 1;
-            force_write = true;
+        if started.elapsed() > (until - started) / 2 {
+            if let Some(h) = rig.drop_conn.take() {
+                h.abort();
+                t.dropped_connections += 1;
+                force_write = true;
+            }
         }
         // A mirror with metadata: now and then degraded sides are resynced, and the
         // volume is restarted as a crash would leave it (a resync under way stops where
