@@ -385,9 +385,10 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
             outln!("{}", json!({"minutes": a.minutes, "fault_rate": a.fault_rate, "seed": a.seed, "ops": ops, "faults": faults, "bytes_verified": verified, "bytes_lost": lost, "volumes": per}));
         } else {
             outln!("soak: {:.2} min, fault rate {}, seed {}", a.minutes, a.fault_rate, a.seed);
-            outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9}", "volume", "ops", "failed", "faults", "bytes verified", "bytes lost", "unavailable", "degraded");
+            outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9} {:>9}", "volume", "ops", "failed", "faults", "bytes verified", "bytes lost", "unavailable", "degraded", "restarts");
             for (n, t) in &results {
-                outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9}", n, t.ops, t.failed_ops, t.faults, t.verified, t.lost, t.unavailable, format!("{:?}", t.degraded));
+                let restarts = if t.restarts > 0 { format!("{} ({} resyncs)", t.restarts, t.resyncs) } else { "-".to_owned() };
+                outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9} {:>9}", n, t.ops, t.failed_ops, t.faults, t.verified, t.lost, t.unavailable, format!("{:?}", t.degraded), restarts);
             }
             outln!("total: {ops} operations, {faults} faults injected, {verified} bytes verified, {lost} bytes lost");
         }
