@@ -514,30 +514,74 @@ pub(crate) fn check_zeroes(info: &DeviceInfo, start: u64, sectors: u64) -> Resul
     info.check_write(start, bytes).map(|_| ())
 }
 
-#[async_trait]
+/// A future a [`BlockDevice`] method returns (`async_trait`'s boxed future).
+type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// An `Arc` of a device is that device. Written out rather than with `#[async_trait]`: each
+/// method hands back the inner device's future as it is, so a layer over an
+/// `Arc<dyn BlockDevice>` (a queue over its component, say) costs no second boxed future a
+/// request.
 impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn info(&self) -> &DeviceInfo {
         (**self).info()
     }
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        (**self).read(start, sectors, opts).await
+    fn caps(&self) -> Caps {
+        (**self).caps()
     }
-    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        (**self).read_into(start, buf, opts).await
+    fn read<'l, 'a>(&'l self, start: u64, sectors: u64, opts: IoOpts) -> Boxed<'a, Bytes>
+    where
+        'l: 'a,
+        Self: 'a,
+    {
+        (**self).read(start, sectors, opts)
     }
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        (**self).write(start, data, opts).await
+    fn read_into<'l, 'b, 'a>(&'l self, start: u64, buf: &'b mut [u8], opts: IoOpts) -> Boxed<'a, ()>
+    where
+        'l: 'a,
+        'b: 'a,
+        Self: 'a,
+    {
+        (**self).read_into(start, buf, opts)
     }
-    async fn flush(&self, opts: IoOpts) -> Result<()> {
-        (**self).flush(opts).await
+    fn write<'l, 'a>(&'l self, start: u64, data: Bytes, opts: IoOpts) -> Boxed<'a, ()>
+    where
+        'l: 'a,
+        Self: 'a,
+    {
+        (**self).write(start, data, opts)
     }
-    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
-        (**self).discard(start, sectors, opts).await
+    fn flush<'l, 'a>(&'l self, opts: IoOpts) -> Boxed<'a, ()>
+    where
+        'l: 'a,
+        Self: 'a,
+    {
+        (**self).flush(opts)
     }
-    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
-        (**self).write_zeroes(start, sectors, z, opts).await
+    fn discard<'l, 'a>(&'l self, start: u64, sectors: u64, opts: IoOpts) -> Boxed<'a, ()>
+    where
+        'l: 'a,
+        Self: 'a,
+    {
+        (**self).discard(start, sectors, opts)
     }
-    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
-        (**self).allocation(start, sectors).await
+    fn write_zeroes<'l, 'a>(
+        &'l self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> Boxed<'a, ()>
+    where
+        'l: 'a,
+        Self: 'a,
+    {
+        (**self).write_zeroes(start, sectors, z, opts)
+    }
+    fn allocation<'l, 'a>(&'l self, start: u64, sectors: u64) -> Boxed<'a, Vec<Extent>>
+    where
+        'l: 'a,
+        Self: 'a,
+    {
+        (**self).allocation(start, sectors)
     }
 }
