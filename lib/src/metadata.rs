@@ -9,6 +9,8 @@
 //! sync (or, during a resync, once the chunk has been copied). So whatever the crash, every
 //! chunk where the sides may differ is set in the copy that wins at the next open.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+
 use bytes::Bytes;
 use tagstripe_striping::Piece;
 use tagstripe_striping::superblock::{self, Bitmap, Side, Superblock};
@@ -66,8 +68,6 @@ async fn write(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     dev.write(at, Bytes::from(sb.encode()), IoOpts::new().fua(true))
         .await
 }
-
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 /// A bitmap of atomic words.
 struct Bits(Vec<AtomicU64>);
@@ -405,10 +405,15 @@ impl Keeper {
                 locks.push(self.shards[sh].read().await);
             }
         }
+        // In flight first, then the epoch: a flush that began before this write counted it
+        // in flight, or else this write reads that flush's new epoch, and so is never taken
+        // for one the flush covered.
+        chunks.each(|c| {
+            m.inflight[c as usize].fetch_add(1, SeqCst);
+        });
         let epoch = m.epoch.load(SeqCst);
         let mut need = false;
         chunks.each(|c| {
-            m.inflight[c as usize].fetch_add(1, SeqCst);
             m.last[c as usize].fetch_max(epoch, SeqCst);
             m.map.set(c);
             need |= !m.durable.get(c);

@@ -177,9 +177,9 @@ pub(crate) async fn run(s: &Striped, targets: &[usize], clients: &crate::Stats) 
     let mut seen = clients.activity().1;
     while i < todo.len() {
         // Smaller copies while clients use the volume.
-        let (in_flight, started) = clients.activity();
-        let busy = in_flight > 0 || started != seen;
-        seen = started;
+        let (in_flight, begun) = clients.activity();
+        let busy = in_flight > 0 || begun != seen;
+        seen = begun;
         let most = if busy { RUN_SECTORS_BUSY } else { RUN_SECTORS };
         let mut j = i + 1;
         while j < todo.len() && todo[j] == todo[j - 1] + 1 && (j - i + 1) as u64 * chunk <= most {

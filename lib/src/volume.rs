@@ -746,7 +746,9 @@ impl Volume {
         if *self.resyncing.borrow() {
             return refuse("a resync is running; wait for it or stop it first".into());
         }
-        if !self.striped.drop_for_replace(component) {
+        let partner = self.striped.partner(component);
+        let why = format!("replaced by {}", new.name);
+        if partner == component || !self.striped.try_drop(component, partner, &why) {
             return refuse(format!(
                 "its partner, component {}, is not in sync: it holds the only copy",
                 self.striped.partner(component)

@@ -171,14 +171,17 @@ impl Striped {
         self.set_side(i, Side::Failed);
     }
 
-    /// Drops component `c` from the mirror for `error`, if its partner `q` is in sync (two
-    /// concurrent failures must never drop both sides of a pair). Whether it was dropped.
+    /// Drops component `c` from the mirror for `error` (a failed write or metadata record,
+    /// or a replacement), if its partner `q` is in sync: two concurrent failures must never
+    /// drop both sides of a pair. Whether `c` is out of the mirror now.
     pub(crate) fn try_drop(&self, c: usize, q: usize, error: &dyn std::fmt::Display) -> bool {
-        let _g = self.dropping.lock();
-        if !self.readable(q) || self.is_failed(c) {
-            return self.is_failed(c);
+        {
+            let _g = self.dropping.lock();
+            if !self.readable(q) || self.is_failed(c) {
+                return self.is_failed(c);
+            }
+            self.mark_failed(c);
         }
-        self.mark_failed(c);
         if let Some(k) = self.keeper.get() {
             k.note_drop(c);
         }
@@ -188,7 +191,7 @@ impl Striped {
             component = c,
             partner = q,
             error = %error,
-            "mirror side dropped: it failed a write its partner took; the volume serves degraded"
+            "mirror side dropped; the volume serves degraded from its partner"
         );
         self.emit(crate::MirrorEvent::Dropped {
             component: c,
@@ -213,16 +216,6 @@ impl Striped {
                 ok
             })
             .collect()
-    }
-
-    /// Drops side `c` to replace it, if its partner is in sync (atomically with drops).
-    pub(crate) fn drop_for_replace(&self, c: usize) -> bool {
-        let _g = self.dropping.lock();
-        if !self.readable(self.partner(c)) || self.partner(c) == c {
-            return false;
-        }
-        self.mark_failed(c);
-        true
     }
 
     /// Sends `e` to whoever listens ([`crate::VolumeBuilder::on_event`]).
