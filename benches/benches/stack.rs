@@ -93,6 +93,14 @@ fn paired(rt: &tokio::runtime::Runtime, vol: &Volume, devs: &[Arc<MemDevice>], b
     );
 }
 
+/// The next random 4 KiB block of a volume of `total` sectors (xorshift).
+fn random_block(x: &mut u64, total: u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x % (total / 8) * 8
+}
+
 fn bench_stack(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -163,6 +171,28 @@ fn bench_stack(c: &mut Criterion) {
         })
     });
 
+    // 4 KiB reads one at a time on the calling thread: the stack's own cost a request
+    // (the layers' futures, the queue's bookkeeping), without a scheduler's.
+    let batch = 2048;
+    g.throughput(Throughput::Elements(batch));
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    g.bench_function(BenchmarkId::new("4k-read", "qd1"), |b| {
+        let mut buf = [0u8; 4096];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        b.iter(|| {
+            single.block_on(async {
+                for _ in 0..batch {
+                    let s = random_block(&mut x, total);
+                    vol.read_into(s, &mut buf, IoOpts::new()).await.unwrap();
+                    black_box(&buf);
+                }
+            })
+        })
+    });
+
     // 4 KiB random reads, 32 in flight: each iteration runs a batch of 32 * 64 reads.
     let batch = 32 * 64;
     g.throughput(Throughput::Elements(batch));
@@ -176,10 +206,7 @@ fn bench_stack(c: &mut Criterion) {
                         let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                         let mut buf = [0u8; 4096];
                         for _ in 0..64 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            let s = x % (total / 8) * 8;
+                            let s = random_block(&mut x, total);
                             vol.read_into(s, &mut buf, IoOpts::new()).await.unwrap();
                             black_box(&buf);
                         }

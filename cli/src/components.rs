@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tagstripe::{BlockDevice, FileOptions};
+use tagstripe::{DynBlockDevice, FileOptions};
 
 /// How to open components.
 #[derive(Clone, Copy, Debug, Default)]
@@ -15,7 +15,7 @@ pub(crate) struct OpenOptions {
 
 /// Opens one component with the library's [`tagstripe::open`]: `nbd://`, `nbd+unix://`,
 /// `sim:PROFILE:SIZE`, a block device or a file.
-pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevice>, String> {
+pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn DynBlockDevice>, String> {
     let opts = tagstripe::OpenOptions::new()
         .read_only(o.read_only)
         .direct(o.direct);
@@ -28,7 +28,7 @@ pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn BlockDevi
 pub(crate) async fn open_file(
     path: impl AsRef<std::path::Path>,
     opts: FileOptions,
-) -> Result<Arc<dyn BlockDevice>, String> {
+) -> Result<Arc<dyn DynBlockDevice>, String> {
     let spec = path.as_ref().display().to_string();
     let o = OpenOptions {
         read_only: opts.read_only,
@@ -41,7 +41,7 @@ pub(crate) async fn open_file(
 pub(crate) async fn open_all(
     specs: &[String],
     o: OpenOptions,
-) -> Result<Vec<Arc<dyn BlockDevice>>, String> {
+) -> Result<Vec<Arc<dyn DynBlockDevice>>, String> {
     let mut out = Vec::with_capacity(specs.len());
     for s in specs {
         out.push(open(s, o).await?);
@@ -66,7 +66,7 @@ pub(crate) async fn open_all_for_bench(
     specs: &[String],
     read_only: bool,
     buffered: bool,
-) -> Result<(Vec<Arc<dyn BlockDevice>>, bool), String> {
+) -> Result<(Vec<Arc<dyn DynBlockDevice>>, bool), String> {
     let mut out = Vec::with_capacity(specs.len());
     let mut all_direct = !buffered;
     for s in specs {

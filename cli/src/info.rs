@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::json;
 use std::sync::Arc;
 
-use tagstripe::{BlockDevice, FileDevice, FileOptions};
+use tagstripe::{BlockDevice, DynBlockDevice, FileDevice, FileOptions};
 
 use crate::fail;
 use crate::quirks::{Overrides, limits_json, resolved_json};
@@ -48,7 +48,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         read_only: true,
         ..FileOptions::default()
     };
-    let dev: Result<Arc<dyn BlockDevice>, String> = match (url, &rt) {
+    let dev: Result<Arc<dyn DynBlockDevice>, String> = match (url, &rt) {
         (Some(u), Some(rt)) => rt.block_on(crate::components::open(
             u,
             crate::components::OpenOptions {
@@ -57,10 +57,10 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
             },
         )),
         _ if is_block => FileDevice::open_block(&args.path, opts)
-            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map(|d| Arc::new(d) as Arc<dyn DynBlockDevice>)
             .map_err(|e| e.to_string()),
         _ => FileDevice::open(&args.path, opts)
-            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map(|d| Arc::new(d) as Arc<dyn DynBlockDevice>)
             .map_err(|e| e.to_string()),
     };
     let dev = match dev {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tagstripe::scheduler::{IoClass, Rng};
-use tagstripe::{BlockDevice, IoOpts};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts};
 
 /// What to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl Outcome {
 }
 
 /// Runs `load` on `dev` and gathers what happened.
-pub(crate) async fn run(dev: Arc<dyn BlockDevice>, load: Load) -> Outcome {
+pub(crate) async fn run(dev: Arc<dyn DynBlockDevice>, load: Load) -> Outcome {
     let sectors = load.bs / 512;
     let slots = (load.region.1 / sectors).max(1);
     let next = Arc::new(AtomicU64::new(0));
@@ -218,7 +218,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_load_reads_what_it_says() {
-        let dev: Arc<dyn BlockDevice> = Arc::new(tagstripe::MemDevice::new("m", 2048));
+        let dev: Arc<dyn DynBlockDevice> = Arc::new(tagstripe::MemDevice::new("m", 2048));
         let o = run(
             dev,
             Load {

@@ -9,7 +9,7 @@ use tagstripe::nbd::{NbdServer, ServerConfig, TlsPolicy};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, IoOpts, MirrorEvent, Volume};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MirrorEvent, Volume};
 
 use crate::components::{self, OpenOptions};
 
@@ -235,7 +235,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return crate::fail("serve", "open", &e, false),
     };
-    let (device, volume): (Arc<dyn BlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
+    let (device, volume): (Arc<dyn DynBlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
         (Arc::clone(&comps[0]), None)
     } else {
         let mut b = Volume::builder(comps)
@@ -278,7 +278,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         match vol {
             Ok(v) => {
                 let v = Arc::new(v);
-                (Arc::clone(&v) as Arc<dyn BlockDevice>, Some(v))
+                (Arc::clone(&v) as Arc<dyn DynBlockDevice>, Some(v))
             }
             Err(e) => return crate::fail("serve", "volume", &e.to_string(), false),
         }

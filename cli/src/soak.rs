@@ -13,7 +13,10 @@ use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::{IoClass, Rng};
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, ByteModel, Error, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
+use tagstripe::{
+    BlockDevice, ByteModel, DynBlockDevice, Error, FaultDevice, FaultKind, IoOpts, MemDevice,
+    Volume,
+};
 
 /// Arguments of `tagstripe bench soak`.
 #[derive(Debug, Args)]
@@ -70,7 +73,7 @@ struct Tally {
     resyncs: u64,
 }
 
-type Faulty = Arc<FaultDevice<Arc<dyn BlockDevice>>>;
+type Faulty = Arc<FaultDevice<Arc<dyn DynBlockDevice>>>;
 
 /// One volume under test: its kind's name, the volume, the fault wrappers of its
 /// components, and for the NBD mirror the connection to drop.
@@ -85,9 +88,9 @@ struct Rig {
 
 /// A FreeBSD mirror with metadata over `faults`, opened (the first open makes it).
 async fn open_mirror(faults: &[Faulty]) -> tagstripe::Result<Volume> {
-    let comps: Vec<Arc<dyn BlockDevice>> = faults
+    let comps: Vec<Arc<dyn DynBlockDevice>> = faults
         .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .map(|f| Arc::clone(f) as Arc<dyn DynBlockDevice>)
         .collect();
     Volume::builder(comps)
         .interleave(16)
@@ -121,7 +124,7 @@ async fn reopen(faults: &[Faulty]) -> Result<Volume, String> {
 fn mem_faulty(n: usize, sectors: u64) -> Vec<Faulty> {
     (0..n)
         .map(|i| {
-            let m: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(&format!("m{i}"), sectors));
+            let m: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new(&format!("m{i}"), sectors));
             Arc::new(FaultDevice::new(m))
         })
         .collect()
@@ -136,13 +139,13 @@ fn build(
 ) -> Volume {
     let comps = faults
         .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .map(|f| Arc::clone(f) as Arc<dyn DynBlockDevice>)
         .collect();
     build_over(comps, interleave, flavor, mirror, uniform)
 }
 
 fn build_over(
-    comps: Vec<Arc<dyn BlockDevice>>,
+    comps: Vec<Arc<dyn DynBlockDevice>>,
     interleave: u64,
     flavor: Flavor,
     mirror: bool,
@@ -161,12 +164,12 @@ fn build_over(
 /// A mirror over two NBD exports served in this process; one connection can be dropped.
 async fn nbd_mirror() -> Result<Rig, String> {
     let faults = mem_faulty(2, 8192);
-    let mut clients: Vec<Arc<dyn BlockDevice>> = Vec::new();
+    let mut clients: Vec<Arc<dyn DynBlockDevice>> = Vec::new();
     let mut handles = Vec::new();
     for f in &faults {
         let server = Arc::new(
             NbdServer::new(ServerConfig::default())
-                .export("c", Arc::clone(f) as Arc<dyn BlockDevice>),
+                .export("c", Arc::clone(f) as Arc<dyn DynBlockDevice>),
         );
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -346,7 +349,7 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                let m: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(&format!("u{i}"), s));
+                let m: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new(&format!("u{i}"), s));
                 Arc::new(FaultDevice::new(m))
             })
             .collect();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use tagstripe::nbd::session::{Catalog, ExportEntry, ServerSession, SessionConfig};
-use tagstripe::{BlockDevice, MemDevice, Volume};
+use tagstripe::{DynBlockDevice, MemDevice, Volume};
 
 #[path = "common/ops.rs"]
 mod ops;
@@ -18,10 +18,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let size = 2048u64 * 512;
-    let a: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("a", 1024));
-    let b: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("b", 1024));
+    let a: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("a", 1024));
+    let b: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("b", 1024));
     let vol = Arc::new(Volume::builder([a, b]).interleave(16).no_offset(true).build().unwrap());
-    let mut e = ExportEntry::new("x", Arc::clone(&vol) as Arc<dyn BlockDevice>);
+    let mut e = ExportEntry::new("x", Arc::clone(&vol) as Arc<dyn DynBlockDevice>);
     e.volume = Some(vol);
     let ro = ExportEntry {
         read_only: true,

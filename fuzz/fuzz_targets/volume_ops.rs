@@ -12,7 +12,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, ByteModel, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, DynBlockDevice, ByteModel, FaultDevice, FaultKind, IoOpts, MemDevice, Volume};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -43,17 +43,17 @@ fuzz_target!(|input: Input| {
     } else {
         u64::from(input.interleave % 64) + 1
     };
-    let faults: Vec<Arc<FaultDevice<Arc<dyn BlockDevice>>>> = sizes
+    let faults: Vec<Arc<FaultDevice<Arc<dyn DynBlockDevice>>>> = sizes
         .iter()
         .enumerate()
         .map(|(i, &s)| {
-            let m: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(&format!("m{i}"), s));
+            let m: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new(&format!("m{i}"), s));
             Arc::new(FaultDevice::new(m))
         })
         .collect();
-    let comps: Vec<Arc<dyn BlockDevice>> = faults
+    let comps: Vec<Arc<dyn DynBlockDevice>> = faults
         .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .map(|f| Arc::clone(f) as Arc<dyn DynBlockDevice>)
         .collect();
     let Ok(vol) = Volume::builder(comps)
         .interleave(interleave)

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use tagstripe_quirks::{Identity, Limits};
 use tagstripe_scheduler::{IoClass, TagKind};
@@ -289,7 +288,55 @@ impl IoOpts {
 
 /// A block device: a backend, a layer over one, or a whole volume. Sectors are 512 bytes;
 /// requests must be whole logical blocks inside the device. Implementations are `Send +
-/// Sync` and usable as `Arc<dyn BlockDevice>`.
+/// Sync`; every one is also a [`DynBlockDevice`], so it can be shared as
+/// `Arc<dyn DynBlockDevice>` (which is a `BlockDevice` again).
+///
+/// The methods return `impl Future`: a layer's future holds the future of the device under
+/// it inline, so a stack of layers over one device costs no allocation a request; the only
+/// boxing is where a stack is erased to `dyn DynBlockDevice` (a volume's component, say).
+/// Implement the methods with `async fn`:
+///
+/// ```
+/// use bytes::Bytes;
+/// use tagstripe::{BlockDevice, DeviceInfo, IoOpts, MemDevice, Result};
+///
+/// /// Counts the writes that reach the device under it.
+/// #[derive(Debug)]
+/// struct Counted<D> {
+///     inner: D,
+///     writes: std::sync::atomic::AtomicU64,
+/// }
+///
+/// impl<D: BlockDevice> BlockDevice for Counted<D> {
+///     fn info(&self) -> &DeviceInfo {
+///         self.inner.info()
+///     }
+///     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+///         self.inner.read(start, sectors, opts).await
+///     }
+///     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+///         self.inner.read_into(start, buf, opts).await
+///     }
+///     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+///         self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.inner.write(start, data, opts).await
+///     }
+///     async fn flush(&self, opts: IoOpts) -> Result<()> {
+///         self.inner.flush(opts).await
+///     }
+///     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+///         self.inner.discard(start, sectors, opts).await
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let d = Counted { inner: MemDevice::new("m", 64), writes: Default::default() };
+/// d.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
+/// assert_eq!(d.read(0, 8, IoOpts::new()).await?[0], 1);
+/// assert_eq!(d.writes.into_inner(), 1);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
 ///
 /// Contract: a request that fails validation returns an error and touches nothing; `write`
 /// returns `Ok` only once the data is written (durably if `opts.fua`); `flush` makes every
@@ -297,7 +344,6 @@ impl IoOpts {
 /// A request split into pieces returns only when every piece has finished, even when one
 /// fails. Dropping a request's future before it completes leaves its outcome undefined:
 /// I/O already handed to the operating system may still land.
-#[async_trait]
 pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Size, limits and identity.
     fn info(&self) -> &DeviceInfo;
@@ -308,26 +354,48 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     }
 
     /// Reads `sectors` sectors from `start`.
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes>;
+    fn read(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send;
 
     /// Reads `buf.len()` bytes (whole sectors) from `start` into `buf`: the path with no
     /// allocation, for callers that reuse buffers. The default reads and copies; backends
     /// and layers that can fill `buf` directly do.
-    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        let sectors = sectors_of(self.info(), buf.len())?;
-        let data = self.read(start, sectors, opts).await?;
-        buf.copy_from_slice(&data);
-        Ok(())
+    fn read_into(
+        &self,
+        start: u64,
+        buf: &mut [u8],
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let sectors = sectors_of(self.info(), buf.len())?;
+            let data = self.read(start, sectors, opts).await?;
+            buf.copy_from_slice(&data);
+            Ok(())
+        }
     }
 
     /// Writes `data` (whole sectors) at `start`.
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()>;
+    fn write(
+        &self,
+        start: u64,
+        data: Bytes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Makes completed writes durable.
-    async fn flush(&self, opts: IoOpts) -> Result<()>;
+    fn flush(&self, opts: IoOpts) -> impl Future<Output = Result<()>> + Send;
 
     /// Discards `sectors` sectors from `start`.
-    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()>;
+    fn discard(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Makes `sectors` sectors from `start` read as zeroes. With `z.unmap` the device may
     /// deallocate them (punch a hole); with `z.fast_only` it must not fall back to writing
@@ -347,8 +415,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// # Ok::<(), tagstripe::Error>(())
     /// # }).unwrap();
     /// ```
-    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
-        write_zero_buffers(self, start, sectors, z, opts).await
+    fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        write_zero_buffers(self, start, sectors, z, opts)
     }
 
     /// Which parts of `[start, start + sectors)` hold data and which are holes or read as
@@ -372,9 +446,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// # Ok::<(), tagstripe::Error>(())
     /// # }).unwrap();
     /// ```
-    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
-        self.info().check(start, sectors)?;
-        Ok(vec![Extent::data(sectors)])
+    fn allocation(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> impl Future<Output = Result<Vec<Extent>>> + Send {
+        async move {
+            self.info().check(start, sectors)?;
+            Ok(vec![Extent::data(sectors)])
+        }
     }
 }
 
@@ -514,13 +594,164 @@ pub(crate) fn check_zeroes(info: &DeviceInfo, start: u64, sectors: u64) -> Resul
     info.check_write(start, bytes).map(|_| ())
 }
 
-/// A future a [`BlockDevice`] method returns (`async_trait`'s boxed future).
-type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+/// A boxed future, as [`DynBlockDevice`]'s methods return.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-/// An `Arc` of a device is that device. Written out rather than with `#[async_trait]`: each
-/// method hands back the inner device's future as it is, so a layer over an
-/// `Arc<dyn BlockDevice>` (a queue over its component, say) costs no second boxed future a
-/// request.
+/// The object-safe form of [`BlockDevice`], for devices of different types behind one
+/// pointer: `Arc<dyn DynBlockDevice>`. Every `BlockDevice` is one (a blanket impl boxes each
+/// request's future once), and `dyn DynBlockDevice` is a `BlockDevice` again, so layers and
+/// volumes take either. Implement [`BlockDevice`], never this; call `BlockDevice`'s methods,
+/// never these.
+///
+/// ```
+/// use std::sync::Arc;
+/// use bytes::Bytes;
+/// use tagstripe::{BlockDevice, DynBlockDevice, FaultDevice, IoOpts, MemDevice};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let devs: Vec<Arc<dyn DynBlockDevice>> = vec![
+///     Arc::new(MemDevice::new("m", 64)),
+///     Arc::new(FaultDevice::new(MemDevice::new("f", 64))),
+/// ];
+/// for d in &devs {
+///     d.write(0, Bytes::from(vec![3u8; 512]), IoOpts::new()).await?;
+///     assert_eq!(d.read(0, 1, IoOpts::new()).await?[0], 3);
+/// }
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
+    /// [`BlockDevice::info`].
+    fn erased_info(&self) -> &DeviceInfo;
+    /// [`BlockDevice::caps`].
+    fn erased_caps(&self) -> Caps;
+    /// [`BlockDevice::read`].
+    fn erased_read(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes>;
+    /// [`BlockDevice::read_into`].
+    fn erased_read_into<'a>(
+        &'a self,
+        start: u64,
+        buf: &'a mut [u8],
+        opts: IoOpts,
+    ) -> BoxFuture<'a, ()>;
+    /// [`BlockDevice::write`].
+    fn erased_write(&self, start: u64, data: Bytes, opts: IoOpts) -> BoxFuture<'_, ()>;
+    /// [`BlockDevice::flush`].
+    fn erased_flush(&self, opts: IoOpts) -> BoxFuture<'_, ()>;
+    /// [`BlockDevice::discard`].
+    fn erased_discard(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, ()>;
+    /// [`BlockDevice::write_zeroes`].
+    fn erased_write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> BoxFuture<'_, ()>;
+    /// [`BlockDevice::allocation`].
+    fn erased_allocation(&self, start: u64, sectors: u64) -> BoxFuture<'_, Vec<Extent>>;
+}
+
+impl<D: BlockDevice> DynBlockDevice for D {
+    fn erased_info(&self) -> &DeviceInfo {
+        self.info()
+    }
+    fn erased_caps(&self) -> Caps {
+        self.caps()
+    }
+    fn erased_read(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes> {
+        Box::pin(self.read(start, sectors, opts))
+    }
+    fn erased_read_into<'a>(
+        &'a self,
+        start: u64,
+        buf: &'a mut [u8],
+        opts: IoOpts,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.read_into(start, buf, opts))
+    }
+    fn erased_write(&self, start: u64, data: Bytes, opts: IoOpts) -> BoxFuture<'_, ()> {
+        Box::pin(self.write(start, data, opts))
+    }
+    fn erased_flush(&self, opts: IoOpts) -> BoxFuture<'_, ()> {
+        Box::pin(self.flush(opts))
+    }
+    fn erased_discard(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, ()> {
+        Box::pin(self.discard(start, sectors, opts))
+    }
+    fn erased_write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> BoxFuture<'_, ()> {
+        Box::pin(self.write_zeroes(start, sectors, z, opts))
+    }
+    fn erased_allocation(&self, start: u64, sectors: u64) -> BoxFuture<'_, Vec<Extent>> {
+        Box::pin(self.allocation(start, sectors))
+    }
+}
+
+/// An erased device is a device: each request costs the one boxed future the erasure needs.
+impl BlockDevice for dyn DynBlockDevice + '_ {
+    fn info(&self) -> &DeviceInfo {
+        self.erased_info()
+    }
+    fn caps(&self) -> Caps {
+        self.erased_caps()
+    }
+    fn read(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
+        self.erased_read(start, sectors, opts)
+    }
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        // The boxed future lives as long as the shorter of `self` and `buf`; the `async fn`
+        // (no allocation) names both.
+        self.erased_read_into(start, buf, opts).await
+    }
+    fn write(
+        &self,
+        start: u64,
+        data: Bytes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.erased_write(start, data, opts)
+    }
+    fn flush(&self, opts: IoOpts) -> impl Future<Output = Result<()>> + Send {
+        self.erased_flush(opts)
+    }
+    fn discard(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.erased_discard(start, sectors, opts)
+    }
+    fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.erased_write_zeroes(start, sectors, z, opts)
+    }
+    fn allocation(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> impl Future<Output = Result<Vec<Extent>>> + Send {
+        self.erased_allocation(start, sectors)
+    }
+}
+
+/// An `Arc` of a device is that device, at no cost: each method hands back the inner
+/// device's future as it is.
 impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn info(&self) -> &DeviceInfo {
         (**self).info()
@@ -528,60 +759,55 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn caps(&self) -> Caps {
         (**self).caps()
     }
-    fn read<'l, 'a>(&'l self, start: u64, sectors: u64, opts: IoOpts) -> Boxed<'a, Bytes>
-    where
-        'l: 'a,
-        Self: 'a,
-    {
+    fn read(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
         (**self).read(start, sectors, opts)
     }
-    fn read_into<'l, 'b, 'a>(&'l self, start: u64, buf: &'b mut [u8], opts: IoOpts) -> Boxed<'a, ()>
-    where
-        'l: 'a,
-        'b: 'a,
-        Self: 'a,
-    {
+    fn read_into(
+        &self,
+        start: u64,
+        buf: &mut [u8],
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         (**self).read_into(start, buf, opts)
     }
-    fn write<'l, 'a>(&'l self, start: u64, data: Bytes, opts: IoOpts) -> Boxed<'a, ()>
-    where
-        'l: 'a,
-        Self: 'a,
-    {
+    fn write(
+        &self,
+        start: u64,
+        data: Bytes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         (**self).write(start, data, opts)
     }
-    fn flush<'l, 'a>(&'l self, opts: IoOpts) -> Boxed<'a, ()>
-    where
-        'l: 'a,
-        Self: 'a,
-    {
+    fn flush(&self, opts: IoOpts) -> impl Future<Output = Result<()>> + Send {
         (**self).flush(opts)
     }
-    fn discard<'l, 'a>(&'l self, start: u64, sectors: u64, opts: IoOpts) -> Boxed<'a, ()>
-    where
-        'l: 'a,
-        Self: 'a,
-    {
+    fn discard(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         (**self).discard(start, sectors, opts)
     }
-    fn write_zeroes<'l, 'a>(
-        &'l self,
+    fn write_zeroes(
+        &self,
         start: u64,
         sectors: u64,
         z: Zeroes,
         opts: IoOpts,
-    ) -> Boxed<'a, ()>
-    where
-        'l: 'a,
-        Self: 'a,
-    {
+    ) -> impl Future<Output = Result<()>> + Send {
         (**self).write_zeroes(start, sectors, z, opts)
     }
-    fn allocation<'l, 'a>(&'l self, start: u64, sectors: u64) -> Boxed<'a, Vec<Extent>>
-    where
-        'l: 'a,
-        Self: 'a,
-    {
+    fn allocation(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> impl Future<Output = Result<Vec<Extent>>> + Send {
         (**self).allocation(start, sectors)
     }
 }

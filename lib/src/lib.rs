@@ -23,11 +23,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use bytes::Bytes;
-//! use tagstripe::{BlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
+//! use tagstripe::{BlockDevice, DynBlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
 //! # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
-//! let a = Arc::new(MemDevice::new("a", 4096));
+//! let a: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("a", 4096));
 //! let b = Arc::new(FaultDevice::new(MemDevice::new("b", 4096)));
-//! let vol = Volume::builder([a as Arc<dyn BlockDevice>, b.clone()])
+//! let vol = Volume::builder([a, b.clone()])
 //!     .interleave(64)
 //!     .no_offset(true)
 //!     .build()?;
@@ -67,7 +67,9 @@ pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
     sysfs_limits,
 };
-pub use device::{BlockDevice, Caps, DeviceInfo, Extent, IoOpts, Zeroes, Zeroing};
+pub use device::{
+    BlockDevice, BoxFuture, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Zeroes, Zeroing,
+};
 pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use metadata::component_metadata;

@@ -16,7 +16,7 @@ use tagstripe_striping::Piece;
 use tagstripe_striping::superblock::{self, Bitmap, Side, Superblock};
 
 use crate::layers::Striped;
-use crate::{BlockDevice, Error, IoOpts, Result};
+use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Result};
 
 /// Sectors of one metadata copy.
 const COPY_SECTORS: u64 = superblock::SIZE as u64 / 512;
@@ -25,7 +25,7 @@ const COPY_SECTORS: u64 = superblock::SIZE as u64 / 512;
 pub(crate) const SHARDS: usize = 64;
 
 /// Where component `dev`'s metadata area starts (its last sectors).
-pub(crate) fn area(dev: &dyn BlockDevice) -> u64 {
+pub(crate) fn area(dev: &dyn DynBlockDevice) -> u64 {
     dev.info()
         .sectors
         .saturating_sub(superblock::RESERVED_SECTORS)
@@ -45,12 +45,12 @@ pub(crate) fn area(dev: &dyn BlockDevice) -> u64 {
 /// # Errors
 /// I/O errors reading the component's last 16 sectors; [`Error::Metadata`] if both copies
 /// are there but neither is usable (torn or corrupt).
-pub async fn component_metadata(dev: &dyn BlockDevice) -> Result<Option<Superblock>> {
+pub async fn component_metadata(dev: &dyn DynBlockDevice) -> Result<Option<Superblock>> {
     read(dev).await
 }
 
 /// The newest valid copy on `dev`, `None` if it carries none.
-pub(crate) async fn read(dev: &dyn BlockDevice) -> Result<Option<Superblock>> {
+pub(crate) async fn read(dev: &dyn DynBlockDevice) -> Result<Option<Superblock>> {
     if dev.info().sectors < superblock::RESERVED_SECTORS {
         return Ok(None);
     }
@@ -63,7 +63,7 @@ pub(crate) async fn read(dev: &dyn BlockDevice) -> Result<Option<Superblock>> {
 }
 
 /// Writes `sb` to its slot on `dev`, durably (FUA).
-async fn write(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
+async fn write(dev: &dyn DynBlockDevice, sb: &Superblock) -> Result<()> {
     let at = area(dev) + sb.slot() as u64 * COPY_SECTORS;
     dev.write(at, Bytes::from(sb.encode()), IoOpts::new().fua(true))
         .await

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tagstripe_scheduler::Profile;
 
-use crate::{BlockDevice, Error, FileDevice, FileOptions, Result, SimDevice};
+use crate::{DynBlockDevice, Error, FileDevice, FileOptions, Result, SimDevice};
 
 /// How [`open`] opens a device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,7 +62,7 @@ impl OpenOptions {
 ///
 /// # Errors
 /// [`Error::BadUrl`] for a spec that cannot be parsed, the backend's errors otherwise.
-pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn BlockDevice>> {
+pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn DynBlockDevice>> {
     let bad = |why: String| Error::BadUrl {
         url: spec.to_owned(),
         why,

@@ -2,30 +2,32 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use tagstripe_quirks::{Mod15, QuirkSet};
 use tagstripe_scheduler::{Fair, FairConfig};
 use tagstripe_striping::{Flavor, Geometry, MirrorReads};
 
+use crate::layers::Component;
 use crate::stats::{OpKind, Stats};
-use crate::{BlockDevice, DeviceInfo, IoOpts, Queue, QueueHandle, Result, Split, Striped};
+use crate::{
+    BlockDevice, DeviceInfo, DynBlockDevice, IoOpts, Queue, QueueHandle, Result, Split, Striped,
+};
 
 /// A device a volume can take as a component: an `Arc` of any [`BlockDevice`], or an
-/// `Arc<dyn BlockDevice>`.
+/// `Arc<dyn DynBlockDevice>`.
 pub trait IntoComponent {
     /// The component, type-erased.
-    fn into_component(self) -> Arc<dyn BlockDevice>;
+    fn into_component(self) -> Arc<dyn DynBlockDevice>;
 }
 
-impl IntoComponent for Arc<dyn BlockDevice> {
-    fn into_component(self) -> Arc<dyn BlockDevice> {
+impl IntoComponent for Arc<dyn DynBlockDevice> {
+    fn into_component(self) -> Arc<dyn DynBlockDevice> {
         self
     }
 }
 
 impl<T: BlockDevice + 'static> IntoComponent for Arc<T> {
-    fn into_component(self) -> Arc<dyn BlockDevice> {
+    fn into_component(self) -> Arc<dyn DynBlockDevice> {
         self
     }
 }
@@ -48,7 +50,7 @@ impl<T: BlockDevice + 'static> IntoComponent for Arc<T> {
 #[derive(Debug)]
 pub struct VolumeBuilder {
     name: String,
-    components: Vec<Arc<dyn BlockDevice>>,
+    components: Vec<Arc<dyn DynBlockDevice>>,
     interleave: u64,
     flavor: Flavor,
     uniform: bool,
@@ -74,17 +76,17 @@ pub struct VolumeBuilder {
 /// its place, a fault injector, a throttle, a metrics recorder or anything else that is a
 /// [`BlockDevice`]. Layers sit right on the component, under the volume's own split and
 /// queue, so they see the requests the device would see; the first layer added is the
-/// innermost. Closures `Fn(usize, Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>` are layers.
+/// innermost. Closures `Fn(usize, Arc<dyn DynBlockDevice>) -> Arc<dyn DynBlockDevice>` are layers.
 pub trait Layer: Send + Sync + 'static {
     /// The device to use for component `component` in place of `inner`.
-    fn layer(&self, component: usize, inner: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>;
+    fn layer(&self, component: usize, inner: Arc<dyn DynBlockDevice>) -> Arc<dyn DynBlockDevice>;
 }
 
 impl<F> Layer for F
 where
-    F: Fn(usize, Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> + Send + Sync + 'static,
+    F: Fn(usize, Arc<dyn DynBlockDevice>) -> Arc<dyn DynBlockDevice> + Send + Sync + 'static,
 {
-    fn layer(&self, component: usize, inner: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    fn layer(&self, component: usize, inner: Arc<dyn DynBlockDevice>) -> Arc<dyn DynBlockDevice> {
         self(component, inner)
     }
 }
@@ -113,11 +115,11 @@ impl VolumeBuilder {
     /// use std::sync::Arc;
     /// use bytes::Bytes;
     /// use tagstripe::striping::Flavor;
-    /// use tagstripe::{BlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
+    /// use tagstripe::{BlockDevice, DynBlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
     /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
     /// let a = Arc::new(FaultDevice::new(MemDevice::new("a", 4096)));
     /// let b = Arc::new(MemDevice::new("b", 4096));
-    /// let mirror = || Volume::builder([a.clone() as Arc<dyn BlockDevice>, b.clone()])
+    /// let mirror = || Volume::builder([a.clone() as Arc<dyn DynBlockDevice>, b.clone()])
     ///     .flavor(Flavor::FreeBsd).mirror(true).metadata(true);
     /// let v = mirror().open().await?;
     /// v.wait_resync().await; // a new mirror: side 1 copied from side 0 first
@@ -220,14 +222,14 @@ impl VolumeBuilder {
     /// ```
     /// use std::sync::Arc;
     /// use bytes::Bytes;
-    /// use tagstripe::{BlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
+    /// use tagstripe::{BlockDevice, DynBlockDevice, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice, Volume};
     /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
     /// let comps = [Arc::new(MemDevice::new("a", 1024)), Arc::new(MemDevice::new("b", 1024))];
     /// // Component 1 fails every write; component 0 is left as it is.
     /// let vol = Volume::builder(comps)
     ///     .interleave(16)
     ///     .no_offset(true)
-    ///     .layer(|i: usize, dev: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
+    ///     .layer(|i: usize, dev: Arc<dyn DynBlockDevice>| -> Arc<dyn DynBlockDevice> {
     ///         if i != 1 {
     ///             return dev;
     ///         }
@@ -373,7 +375,7 @@ impl VolumeBuilder {
         let mut slots = Vec::new();
         // The user's layers first: the volume is built on what they return.
         let layers = &self.layers.0;
-        let components: Vec<Arc<dyn BlockDevice>> = self
+        let components: Vec<Arc<dyn DynBlockDevice>> = self
             .components
             .into_iter()
             .enumerate()
@@ -381,7 +383,7 @@ impl VolumeBuilder {
                 let c = if replaceable {
                     let slot = Arc::new(crate::layers::Slot::new(c));
                     slots.push(Arc::clone(&slot));
-                    slot as Arc<dyn BlockDevice>
+                    slot as Arc<dyn DynBlockDevice>
                 } else {
                     c
                 };
@@ -415,23 +417,23 @@ impl VolumeBuilder {
             gb.reserved(r);
         }
         let geometry = gb.build()?;
-        let mut wrapped: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(components.len());
+        let mut wrapped = Vec::with_capacity(components.len());
         let mut component_stats = Vec::new();
         let mut queues = Vec::new();
         for c in components {
             let info = c.info();
             let applied = self.quirks.apply(&info.identity, &info.limits)?;
-            let dev: Arc<dyn BlockDevice> = if self.queue {
+            let dev = if self.queue {
                 let queue = Queue::with_policy(c, Box::new(Fair::new(self.fair)));
                 component_stats.push(queue.stats_handle());
                 queues.push(queue.handle());
-                Arc::new(Split::new(queue, &applied, self.mod15)?)
+                Component::Queued(Arc::new(Split::new(queue, &applied, self.mod15)?))
             } else {
-                Arc::new(Split::new(c, &applied, self.mod15)?)
+                Component::Direct(Arc::new(Split::new(c, &applied, self.mod15)?))
             };
             wrapped.push(dev);
         }
-        let striped = Striped::new(&self.name, geometry, wrapped)?;
+        let striped = Striped::over(&self.name, geometry, wrapped)?;
         if let Some(policy) = self.mirror_reads {
             striped.set_mirror_reads(policy);
         }
@@ -478,7 +480,7 @@ impl Drop for Volume {
 
 impl Volume {
     /// Starts a builder over `components`: `Arc`s of one device type, or
-    /// `Arc<dyn BlockDevice>`s to mix types; no casts needed.
+    /// `Arc<dyn DynBlockDevice>`s to mix types; no casts needed.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -546,8 +548,8 @@ impl Volume {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use tagstripe::{BlockDevice, MemDevice, Volume};
-    /// let comps: Vec<Arc<dyn BlockDevice>> =
+    /// use tagstripe::{BlockDevice, DynBlockDevice, MemDevice, Volume};
+    /// let comps: Vec<Arc<dyn DynBlockDevice>> =
     ///     vec![Arc::new(MemDevice::new("a", 1024)), Arc::new(MemDevice::new("b", 1024))];
     /// let vol = Volume::builder(comps).interleave(16).build()?;
     /// assert_eq!(vol.queues().len(), 2);
@@ -590,10 +592,10 @@ impl Volume {
     /// use std::sync::Arc;
     /// use bytes::Bytes;
     /// use tagstripe::striping::Flavor;
-    /// use tagstripe::{BlockDevice, FaultDevice, IoOpts, MemDevice, Volume};
+    /// use tagstripe::{BlockDevice, DynBlockDevice, FaultDevice, IoOpts, MemDevice, Volume};
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let b = Arc::new(FaultDevice::new(MemDevice::new("b", 1024)));
-    /// let comps: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(MemDevice::new("a", 1024)), b.clone()];
+    /// let comps: Vec<Arc<dyn DynBlockDevice>> = vec![Arc::new(MemDevice::new("a", 1024)), b.clone()];
     /// let vol = Volume::builder(comps).flavor(Flavor::FreeBsd).mirror(true).build()?;
     /// b.kill(); // the mirror side fails for good
     /// vol.write(0, Bytes::from(vec![4u8; 4096]), IoOpts::new()).await?; // still served
@@ -718,7 +720,7 @@ impl Volume {
     /// [`crate::Error::Resync`] without mirror metadata, for a component that is not there,
     /// whose partner is not in sync (it holds the only copy), while a resync runs, or for a
     /// device too small, of another block size or read-only; a failure to record the drop.
-    pub async fn replace(&self, component: usize, device: Arc<dyn BlockDevice>) -> Result<()> {
+    pub async fn replace(&self, component: usize, device: Arc<dyn DynBlockDevice>) -> Result<()> {
         let refuse = |what: String| Err(crate::Error::Resync { component, what });
         let Some(slot) = self.slots.get(component) else {
             return refuse(if self.slots.is_empty() {
@@ -827,7 +829,7 @@ impl Volume {
 
     /// The wrapped components (`Split<Queue<D>>`), in order.
     #[must_use]
-    pub fn components(&self) -> &[Arc<dyn BlockDevice>] {
+    pub fn components(&self) -> &[Arc<dyn DynBlockDevice>] {
         self.striped.components()
     }
 
@@ -847,7 +849,6 @@ impl Volume {
     }
 }
 
-#[async_trait]
 impl BlockDevice for Volume {
     fn info(&self) -> &DeviceInfo {
         self.striped.info()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, DeviceInfo, Error, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, DeviceInfo, DynBlockDevice, Error, IoOpts, MemDevice, Volume};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -14,12 +14,12 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn devices() -> Vec<(&'static str, Arc<dyn BlockDevice>)> {
+fn devices() -> Vec<(&'static str, Arc<dyn DynBlockDevice>)> {
     let mut four_k = DeviceInfo::new("4k", 4096);
     four_k.limits.logical_block_size = 4096;
-    let comps = |n: usize| -> Vec<Arc<dyn BlockDevice>> {
+    let comps = |n: usize| -> Vec<Arc<dyn DynBlockDevice>> {
         (0..n)
-            .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 2048)) as Arc<dyn BlockDevice>)
+            .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 2048)) as Arc<dyn DynBlockDevice>)
             .collect()
     };
     vec![
@@ -143,17 +143,17 @@ fn read_only_devices_refuse_every_change() {
 
 #[test]
 fn volumes_that_cannot_be_built_are_refused() {
-    let comps = |sizes: &[u64]| -> Vec<Arc<dyn BlockDevice>> {
+    let comps = |sizes: &[u64]| -> Vec<Arc<dyn DynBlockDevice>> {
         sizes
             .iter()
             .enumerate()
-            .map(|(i, &s)| Arc::new(MemDevice::new(&format!("m{i}"), s)) as Arc<dyn BlockDevice>)
+            .map(|(i, &s)| Arc::new(MemDevice::new(&format!("m{i}"), s)) as Arc<dyn DynBlockDevice>)
             .collect()
     };
     for (what, b) in [
         (
             "no components",
-            Volume::builder(Vec::<Arc<dyn BlockDevice>>::new()),
+            Volume::builder(Vec::<Arc<dyn DynBlockDevice>>::new()),
         ),
         ("an empty component", Volume::builder(comps(&[0, 1024]))),
         (

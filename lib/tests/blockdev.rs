@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, Error, FileDevice, FileOptions, IoOpts, Volume};
+use tagstripe::{BlockDevice, DynBlockDevice, Error, FileDevice, FileOptions, IoOpts, Volume};
 
 mod common;
 use common::{can_use_loop, make_loop};
@@ -88,11 +88,11 @@ fn volume_striped_over_loop_devices() {
     let a = make_loop("va", 16, 512).expect("loop device");
     let b = make_loop("vb", 24, 512).expect("loop device");
     rt().block_on(async {
-        let comps: Vec<Arc<dyn BlockDevice>> = [&a, &b]
+        let comps: Vec<Arc<dyn DynBlockDevice>> = [&a, &b]
             .iter()
             .map(|l| {
                 Arc::new(FileDevice::open_block(&l.dev, FileOptions::default()).unwrap())
-                    as Arc<dyn BlockDevice>
+                    as Arc<dyn DynBlockDevice>
             })
             .collect();
         let vol = Volume::builder(comps)

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::Profile;
 use tagstripe::{
-    BlockDevice, Caps, FileDevice, FileOptions, IoOpts, MemDevice, SimDevice, Volume, Zeroing,
+    BlockDevice, Caps, DynBlockDevice, FileDevice, FileOptions, IoOpts, MemDevice, SimDevice,
+    Volume, Zeroing,
 };
 
 mod common;
@@ -19,12 +20,11 @@ use common::rt;
 /// volatile write cache (as a disk does).
 #[derive(Debug)]
 struct Recorder {
-    inner: Arc<dyn BlockDevice>,
+    inner: Arc<dyn DynBlockDevice>,
     info: tagstripe::DeviceInfo,
     log: Arc<Mutex<Vec<&'static str>>>,
 }
 
-#[async_trait::async_trait]
 impl BlockDevice for Recorder {
     fn info(&self) -> &tagstripe::DeviceInfo {
         &self.info
@@ -62,7 +62,7 @@ fn recorded(force: &str) -> (Volume, Arc<Mutex<Vec<&'static str>>>) {
         .quirks(quirks)
         .queue(false)
         .layer(
-            move |_: usize, dev: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
+            move |_: usize, dev: Arc<dyn DynBlockDevice>| -> Arc<dyn DynBlockDevice> {
                 let mut info = dev.info().clone();
                 info.caps.write_cache = true;
                 Arc::new(Recorder {
@@ -131,7 +131,7 @@ fn each_backend_says_what_it_has_and_a_volume_what_all_have() {
     // A volume over memory and a simulated disk: rotational (one is), zeroes emulated
     // (one must), allocation unknown (one cannot tell), a write cache (one has).
     let v = Volume::builder([
-        Arc::new(MemDevice::new("m", 1 << 16)) as Arc<dyn BlockDevice>,
+        Arc::new(MemDevice::new("m", 1 << 16)) as Arc<dyn DynBlockDevice>,
         Arc::new(SimDevice::with_profile("hdd", Profile::HddModern, 1 << 16).unwrap()),
     ])
     .interleave(128)
@@ -180,11 +180,11 @@ fn an_nbd_export_carries_its_capabilities_to_the_client() {
         for (dev, rotational) in [
             (
                 Arc::new(SimDevice::with_profile("hdd", Profile::HddModern, 1 << 16).unwrap())
-                    as Arc<dyn BlockDevice>,
+                    as Arc<dyn DynBlockDevice>,
                 true,
             ),
             (
-                Arc::new(MemDevice::new("m", 1 << 16)) as Arc<dyn BlockDevice>,
+                Arc::new(MemDevice::new("m", 1 << 16)) as Arc<dyn DynBlockDevice>,
                 false,
             ),
         ] {

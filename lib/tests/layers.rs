@@ -7,8 +7,8 @@ mod common;
 use bytes::Bytes;
 use tagstripe::quirks::{Identity, QuirkSet};
 use tagstripe::{
-    BlockDevice, DeviceInfo, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice,
-    Volume,
+    BlockDevice, DeviceInfo, DynBlockDevice, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts,
+    MemDevice, Volume,
 };
 
 fn rt() -> tokio::runtime::Runtime {
@@ -19,9 +19,9 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn mem(n: usize, sectors: u64) -> Vec<Arc<dyn BlockDevice>> {
+fn mem(n: usize, sectors: u64) -> Vec<Arc<dyn DynBlockDevice>> {
     (0..n)
-        .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), sectors)) as Arc<dyn BlockDevice>)
+        .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), sectors)) as Arc<dyn DynBlockDevice>)
         .collect()
 }
 
@@ -40,7 +40,7 @@ fn a_volume_is_a_component_of_another_volume() {
                 .build()
                 .unwrap(),
         );
-        let outer = Volume::builder(vec![inner_a as Arc<dyn BlockDevice>, inner_b])
+        let outer = Volume::builder(vec![inner_a as Arc<dyn DynBlockDevice>, inner_b])
             .interleave(64)
             .build()
             .unwrap();
@@ -119,7 +119,7 @@ fn quirks_apply_by_identity_when_building_a_volume() {
         let mut info = DeviceInfo::new("st", 1 << 16);
         info.identity = Identity::new("ATA", "ST380023AS", "3.01");
         info.limits.max_hw_sectors = 2560;
-        let seagate = Arc::new(MemDevice::with_info(info)) as Arc<dyn BlockDevice>;
+        let seagate = Arc::new(MemDevice::with_info(info)) as Arc<dyn DynBlockDevice>;
         let vol = Volume::builder(vec![seagate])
             .interleave(0)
             .quirks(QuirkSet::builtin())
@@ -154,7 +154,7 @@ fn a_failed_piece_does_not_leave_the_others_running() {
         a.inject(Fault::always(FaultOp::Discard, FaultKind::Error));
         b.set_latency(std::time::Duration::from_millis(20));
         let g = Geometry::builder([64, 64], 8).build().unwrap();
-        let comps: Vec<Arc<dyn BlockDevice>> = vec![a.clone(), b.clone()];
+        let comps: Vec<Arc<dyn DynBlockDevice>> = vec![a.clone(), b.clone()];
         let v = Striped::new("v", g, comps).unwrap();
         // Units 0 (on a, fails at once) and 1 (on b, slow but fine).
         assert!(v.discard(0, 16, IoOpts::new()).await.is_err());
@@ -220,7 +220,7 @@ fn stats_survive_cancellation_and_share_one_clock() {
     use tagstripe::scheduler::Profile;
     let rt = common::paused_rt();
     rt.block_on(async {
-        let sim: Arc<dyn BlockDevice> =
+        let sim: Arc<dyn DynBlockDevice> =
             Arc::new(SimDevice::with_profile("hdd", Profile::HddModern, 1 << 20).unwrap());
         let vol = Volume::builder(vec![sim])
             .quirks(QuirkSet::empty())
@@ -357,7 +357,7 @@ fn tracing_events_for_mirror_drops_and_back_off() {
             // A mirror whose side 1 fails every write: dropped, the write still succeeds.
             let b = Arc::new(FaultDevice::new(MemDevice::new("side1", 1024)));
             b.inject(Fault::always(FaultOp::Write, FaultKind::Error));
-            let comps: Vec<Arc<dyn BlockDevice>> =
+            let comps: Vec<Arc<dyn DynBlockDevice>> =
                 vec![Arc::new(MemDevice::new("side0", 1024)), b.clone()];
             let vol = Volume::builder(comps)
                 .flavor(Flavor::FreeBsd)
@@ -405,7 +405,7 @@ fn write_zeroes_on_every_backend_against_a_model() {
     std::fs::create_dir_all(&dir).unwrap();
     rt().block_on(async {
         let file_path = dir.join("f.img");
-        let file: Arc<dyn BlockDevice> =
+        let file: Arc<dyn DynBlockDevice> =
             Arc::new(FileDevice::create(&file_path, 8192, FileOptions::default()).unwrap());
         let mirror = Volume::builder(mem(2, 8192))
             .flavor(Flavor::FreeBsd)
@@ -413,7 +413,7 @@ fn write_zeroes_on_every_backend_against_a_model() {
             .quirks(QuirkSet::empty())
             .build()
             .unwrap();
-        let devices: Vec<(&str, Arc<dyn BlockDevice>)> = vec![
+        let devices: Vec<(&str, Arc<dyn DynBlockDevice>)> = vec![
             ("memory", mem(1, 8192).remove(0)),
             ("file", file.clone()),
             (
@@ -493,7 +493,7 @@ fn component_errors_name_both_sectors() {
     rt().block_on(async {
         let bad = Arc::new(FaultDevice::new(MemDevice::new("c1", 4096)));
         bad.inject(Fault::always(FaultOp::Read, FaultKind::Error));
-        let comps: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(MemDevice::new("c0", 4096)), bad];
+        let comps: Vec<Arc<dyn DynBlockDevice>> = vec![Arc::new(MemDevice::new("c0", 4096)), bad];
         let vol = Volume::builder(comps)
             .interleave(16)
             .quirks(QuirkSet::empty())

@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use tagstripe::striping::Flavor;
 
 use tagstripe::{
-    BlockDevice, ByteModel, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts, MemDevice,
-    MirrorEvent, SideStatus, Volume,
+    BlockDevice, ByteModel, DynBlockDevice, Error, Fault, FaultDevice, FaultKind, FaultOp, IoOpts,
+    MemDevice, MirrorEvent, SideStatus, Volume,
 };
 
 mod common;
@@ -20,7 +20,7 @@ use common::rt;
 const SECTORS: u64 = 8192;
 
 /// A FreeBSD mirror with metadata over two sides, in this order.
-fn mirror_of(x: Arc<dyn BlockDevice>, y: Arc<dyn BlockDevice>) -> tagstripe::VolumeBuilder {
+fn mirror_of(x: Arc<dyn DynBlockDevice>, y: Arc<dyn DynBlockDevice>) -> tagstripe::VolumeBuilder {
     Volume::builder([x, y])
         .flavor(Flavor::FreeBsd)
         .no_offset(true)
@@ -353,7 +353,7 @@ fn a_torn_copy_falls_back_and_a_blank_stripe_member_is_refused() {
         let s0 = Arc::new(MemDevice::new("s0", SECTORS));
         let s1 = Arc::new(MemDevice::new("s1", SECTORS));
         let stripe = |x: &Arc<MemDevice>, y: &Arc<MemDevice>| {
-            Volume::builder([x.clone() as Arc<dyn BlockDevice>, y.clone()])
+            Volume::builder([x.clone() as Arc<dyn DynBlockDevice>, y.clone()])
                 .interleave(16)
                 .metadata(true)
         };

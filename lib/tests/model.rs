@@ -11,7 +11,8 @@ use proptest::prelude::*;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::striping::Flavor;
 use tagstripe::{
-    BlockDevice, FaultDevice, FaultKind, FileDevice, FileOptions, IoOpts, MemDevice, Volume,
+    BlockDevice, DynBlockDevice, FaultDevice, FaultKind, FileDevice, FileOptions, IoOpts,
+    MemDevice, Volume,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +69,7 @@ fn sizes(kind: Kind) -> Vec<u64> {
 
 struct Fixture {
     vol: Volume,
-    faults: Vec<Arc<FaultDevice<Arc<dyn BlockDevice>>>>,
+    faults: Vec<Arc<FaultDevice<Arc<dyn DynBlockDevice>>>>,
     _dir: Option<TempDir>,
     _loops: Vec<common::Loop>,
 }
@@ -85,8 +86,8 @@ impl Drop for TempDir {
 fn image_files(
     kind: Kind,
     case: u64,
-    open: impl Fn(&std::path::Path) -> Arc<dyn BlockDevice>,
-) -> (std::path::PathBuf, Vec<Arc<dyn BlockDevice>>) {
+    open: impl Fn(&std::path::Path) -> Arc<dyn DynBlockDevice>,
+) -> (std::path::PathBuf, Vec<Arc<dyn DynBlockDevice>>) {
     // Unique per fixture: tests run in parallel threads of one process.
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -110,7 +111,7 @@ fn image_files(
 fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
     let mut dir = None;
     let mut loops = Vec::new();
-    let base: Vec<Arc<dyn BlockDevice>> = match backend {
+    let base: Vec<Arc<dyn DynBlockDevice>> = match backend {
         Backend::Loop => sizes(kind)
             .into_iter()
             .enumerate()
@@ -122,13 +123,15 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
                 let dev =
                     FileDevice::open_block(&lo.dev, FileOptions::default()).expect("open loop");
                 loops.push(lo);
-                Arc::new(dev) as Arc<dyn BlockDevice>
+                Arc::new(dev) as Arc<dyn DynBlockDevice>
             })
             .collect(),
         Backend::Mem => sizes(kind)
             .into_iter()
             .enumerate()
-            .map(|(i, s)| Arc::new(MemDevice::new(&format!("mem{i}"), s)) as Arc<dyn BlockDevice>)
+            .map(|(i, s)| {
+                Arc::new(MemDevice::new(&format!("mem{i}"), s)) as Arc<dyn DynBlockDevice>
+            })
             .collect(),
         Backend::Sim => sizes(kind)
             .into_iter()
@@ -140,7 +143,7 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
                     s,
                 )
                 .unwrap();
-                Arc::new(d) as Arc<dyn BlockDevice>
+                Arc::new(d) as Arc<dyn DynBlockDevice>
             })
             .collect(),
         #[cfg(feature = "uring")]
@@ -166,9 +169,9 @@ fn fixture(kind: Kind, backend: Backend, case: u64) -> Fixture {
         .into_iter()
         .map(|d| Arc::new(FaultDevice::new(d)))
         .collect();
-    let comps: Vec<Arc<dyn BlockDevice>> = faults
+    let comps: Vec<Arc<dyn DynBlockDevice>> = faults
         .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn BlockDevice>)
+        .map(|f| Arc::clone(f) as Arc<dyn DynBlockDevice>)
         .collect();
     let b = Volume::builder(comps).quirks(QuirkSet::empty());
     let b = match kind {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tagstripe::nbd::{ClientConfig, NbdDevice, NbdServer, ServerConfig, proto};
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, Error, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, DynBlockDevice, Error, IoOpts, MemDevice, Volume};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -29,8 +29,8 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn striped_mem(n: usize, sectors: u64) -> Volume {
-    let comps: Vec<Arc<dyn BlockDevice>> = (0..n)
-        .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), sectors)) as Arc<dyn BlockDevice>)
+    let comps: Vec<Arc<dyn DynBlockDevice>> = (0..n)
+        .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), sectors)) as Arc<dyn DynBlockDevice>)
         .collect();
     Volume::builder(comps)
         .interleave(16)
@@ -50,7 +50,7 @@ async fn start(server: NbdServer) -> (String, Arc<NbdServer>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_and_server_agree_at_depth() {
-    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(3, 32768));
+    let vol: Arc<dyn DynBlockDevice> = Arc::new(striped_mem(3, 32768));
     let (base, server) =
         start(NbdServer::new(ServerConfig::default()).export("vol", vol.clone())).await;
     let c = Arc::new(NbdDevice::connect(&format!("{base}/vol")).await.unwrap());
@@ -121,7 +121,7 @@ async fn client_and_server_agree_at_depth() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_reach_the_client_typed() {
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("ro", 2048));
+    let dev: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("ro", 2048));
     let server = NbdServer::new(ServerConfig::default())
         .export_with("ro", dev.clone(), "read-only", true)
         .export("rw", dev);
@@ -243,7 +243,7 @@ async fn client_against_nbdkit_memory_and_filters() {
     }
     // In a volume, the error names the component.
     let vol = Volume::builder(vec![
-        Arc::new(MemDevice::new("m", 32768)) as Arc<dyn BlockDevice>,
+        Arc::new(MemDevice::new("m", 32768)) as Arc<dyn DynBlockDevice>,
         Arc::new(d),
     ])
     .interleave(16)
@@ -344,7 +344,7 @@ async fn closed(s: &mut TcpStream) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_leave_the_server_serving() {
-    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let vol: Arc<dyn DynBlockDevice> = Arc::new(striped_mem(2, 2048));
     let known = pattern(7, 64 << 10);
     vol.write(0, Bytes::from(known.clone()), IoOpts::new())
         .await
@@ -523,7 +523,7 @@ async fn request_with(s: &mut TcpStream, r: proto::Request, payload: &[u8]) -> u
 /// accepts FLUSH (it advertises it) and refuses writes with EPERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn command_flags_are_checked_and_read_only_exports_accept_flush() {
-    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let vol: Arc<dyn DynBlockDevice> = Arc::new(striped_mem(2, 2048));
     let (base, _server) = start(
         NbdServer::new(ServerConfig::default())
             .export("vol", vol.clone())
@@ -616,7 +616,7 @@ async fn fault_campaign_through_nbdkit_error_filter() {
                 ])
             })
             .collect();
-        let mut comps: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        let mut comps: Vec<Arc<dyn DynBlockDevice>> = Vec::new();
         for p in &peers {
             comps.push(Arc::new(
                 NbdDevice::connect(&format!("nbd://127.0.0.1:{}", p.port))
@@ -757,7 +757,7 @@ async fn the_client_reconnects_when_the_server_comes_back() {
 /// smaller than one request) are raised to workable ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn degenerate_server_settings_still_serve() {
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("m", 4096));
+    let dev: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("m", 4096));
     let config = ServerConfig {
         max_in_flight: 0,
         max_buffered: 0,
@@ -786,7 +786,6 @@ struct Logged {
     log: std::sync::Mutex<Vec<&'static str>>,
 }
 
-#[async_trait::async_trait]
 impl BlockDevice for Logged {
     fn info(&self) -> &tagstripe::DeviceInfo {
         self.inner.info()
@@ -884,8 +883,8 @@ async fn shutdown_answers_writes_in_flight_then_flushes() {
 async fn write_zeroes_and_fast_zero_through_the_server() {
     use tagstripe::scheduler::Profile;
     use tagstripe::{SimDevice, Zeroes};
-    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
-    let sim: Arc<dyn BlockDevice> =
+    let vol: Arc<dyn DynBlockDevice> = Arc::new(striped_mem(2, 2048));
+    let sim: Arc<dyn DynBlockDevice> =
         Arc::new(SimDevice::with_profile("sim", Profile::Ssd, 4096).unwrap());
     let (base, _server) = start(
         NbdServer::new(ServerConfig::default())
@@ -942,7 +941,7 @@ async fn write_zeroes_and_fast_zero_through_the_server() {
 async fn flush_is_offered_only_when_every_component_honours_it() {
     let mut info = tagstripe::DeviceInfo::new("volatile", 2048);
     info.caps.flush = false;
-    let volatile: Arc<dyn BlockDevice> = Arc::new(MemDevice::with_info(info));
+    let volatile: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::with_info(info));
     let (inner, _a) = start(NbdServer::new(ServerConfig::default()).export("v", volatile)).await;
     let addr = inner.trim_start_matches("nbd://").to_owned();
     let (_s, flags) = open_raw_export(&addr, "v").await;
@@ -951,7 +950,7 @@ async fn flush_is_offered_only_when_every_component_honours_it() {
     let remote = NbdDevice::connect(&format!("{inner}/v")).await.unwrap();
     assert!(!remote.caps().flush);
     let vol = Volume::builder(vec![
-        Arc::new(remote) as Arc<dyn BlockDevice>,
+        Arc::new(remote) as Arc<dyn DynBlockDevice>,
         Arc::new(MemDevice::new("local", 2048)),
     ])
     .interleave(64)
@@ -1021,7 +1020,7 @@ async fn go_raw(addr: &str, name: &str, block_sizes: bool) -> TcpStream {
 /// a misaligned request is EINVAL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unaligned_requests_without_agreed_block_sizes() {
-    let vol: Arc<dyn BlockDevice> = Arc::new(striped_mem(2, 2048));
+    let vol: Arc<dyn DynBlockDevice> = Arc::new(striped_mem(2, 2048));
     let known = pattern(9, 8192);
     vol.write(0, Bytes::from(known.clone()), IoOpts::new())
         .await
@@ -1099,7 +1098,7 @@ async fn allocation_over_nbd_is_block_status() {
     assert_eq!(part, [Extent::hole(2048), Extent::data(2048)], "{part:?}");
 
     // tagstripe's server over memory: zero blocks are holes.
-    let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("m", 16384));
+    let mem: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("m", 16384));
     mem.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new())
         .await
         .unwrap();
@@ -1111,7 +1110,7 @@ async fn allocation_over_nbd_is_block_status() {
     );
 
     // A volume over both (concatenated): the map joins their answers.
-    let vol = Volume::builder([Arc::new(q) as Arc<dyn BlockDevice>, Arc::new(t)])
+    let vol = Volume::builder([Arc::new(q) as Arc<dyn DynBlockDevice>, Arc::new(t)])
         .interleave(0)
         .quirks(QuirkSet::empty())
         .build()

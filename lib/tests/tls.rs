@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig, TlsPolicy, proto, tls};
-use tagstripe::{BlockDevice, IoOpts, MemDevice};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MemDevice};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -20,7 +20,7 @@ mod common;
 #[path = "common/peers.rs"]
 mod peers;
 
-fn server(pki: &certs::Certs, dev: Arc<dyn BlockDevice>) -> NbdServer {
+fn server(pki: &certs::Certs, dev: Arc<dyn DynBlockDevice>) -> NbdServer {
     NbdServer::new(ServerConfig {
         tls: TlsPolicy::Require,
         tls_config: Some(tls::server_config(&pki.server, true).unwrap()),
@@ -100,7 +100,7 @@ async fn tls_raw(addr: &str, pki: &certs::Certs) -> tokio_rustls::client::TlsStr
 async fn hostile_clients_before_and_inside_tls() {
     let dir = peers::scratch("tls-hostile");
     let pki = certs::make(&dir);
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("m", 8192));
+    let dev: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("m", 8192));
     let (addr, srv) = start(server(&pki, Arc::clone(&dev))).await;
     let url = format!(
         "nbds://{addr}/vol?tls-certificates={}",
@@ -226,7 +226,7 @@ async fn hostile_clients_before_and_inside_tls() {
 async fn a_reconnecting_client_handshakes_again() {
     let dir = peers::scratch("tls-reconnect");
     let pki = certs::make(&dir);
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("m", 4096));
+    let dev: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("m", 4096));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let first = Arc::new(server(&pki, Arc::clone(&dev)));

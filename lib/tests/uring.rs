@@ -7,7 +7,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, Error, FileDevice, FileOptions, IoOpts, UringDevice, Volume};
+use tagstripe::{
+    BlockDevice, DynBlockDevice, Error, FileDevice, FileOptions, IoOpts, UringDevice, Volume,
+};
 
 mod common;
 use common::{can_use_loop, make_loop_with};
@@ -223,7 +225,7 @@ fn uring_unqueued_volume_over_a_loop_device_with_small_max_sectors() {
         .build()
         .unwrap();
     single.block_on(async {
-        let vol = Volume::builder(vec![Arc::new(dev) as Arc<dyn BlockDevice>])
+        let vol = Volume::builder(vec![Arc::new(dev) as Arc<dyn DynBlockDevice>])
             .quirks(QuirkSet::empty())
             .queue(false)
             .build()

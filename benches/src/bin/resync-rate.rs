@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, FileDevice, FileOptions, IoOpts, MirrorEvent, Volume};
+use tagstripe::{
+    BlockDevice, DynBlockDevice, FileDevice, FileOptions, IoOpts, MirrorEvent, Volume,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -78,9 +80,9 @@ async fn run(
         direct: true,
         ..FileOptions::default()
     };
-    let comps: Vec<Arc<dyn BlockDevice>> = paths
+    let comps: Vec<Arc<dyn DynBlockDevice>> = paths
         .iter()
-        .map(|p| FileDevice::open(p, opts).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
+        .map(|p| FileDevice::open(p, opts).map(|d| Arc::new(d) as Arc<dyn DynBlockDevice>))
         .collect::<Result<_, _>>()?;
     let copied = Arc::new(std::sync::Mutex::new(0u64));
     let c2 = copied.clone();

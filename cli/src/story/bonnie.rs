@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tagstripe::scheduler::IoClass;
-use tagstripe::{BlockDevice, IoOpts};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts};
 
 use super::{Progress, round, seq};
 use crate::load::{self, Load, Op, Outcome};
@@ -21,7 +21,7 @@ pub(super) struct Bonnie {
 
 /// Runs the four phases on `dev` (`total` sectors), 15 s each at most (2 with `quick`).
 pub(super) async fn bonnie(
-    dev: &Arc<dyn BlockDevice>,
+    dev: &Arc<dyn DynBlockDevice>,
     total: u64,
     quick: bool,
     progress: &Progress,
@@ -58,7 +58,7 @@ pub(super) async fn bonnie(
 }
 
 /// bonnie's rewrite: read a block, change it, write it back, sequentially.
-async fn rewrite(dev: &Arc<dyn BlockDevice>, total: u64, limit: Duration) -> Outcome {
+async fn rewrite(dev: &Arc<dyn DynBlockDevice>, total: u64, limit: Duration) -> Outcome {
     let started = std::time::Instant::now();
     let mut out = Outcome::default();
     let mut buf = vec![0u8; 1 << 20];

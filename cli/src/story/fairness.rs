@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use tagstripe::BlockDevice;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
+use tagstripe::{BlockDevice, DynBlockDevice};
 
 use super::{Progress, TempFiles, Watched, build, round, runtime, temp_components};
 use crate::components;
@@ -40,7 +40,7 @@ pub(super) struct Interactive {
 /// reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
 /// `secs` each. Prints a table if `text`; returns the runs and the goals.
 pub(super) async fn live_fairness(
-    comps: &[Arc<dyn BlockDevice>],
+    comps: &[Arc<dyn DynBlockDevice>],
     (interleave, flavor): (u64, Flavor),
     secs: Duration,
     text: bool,
@@ -75,7 +75,7 @@ pub(super) async fn live_fairness(
         }
         let total = v.info().sectors;
         let trace = ShapeTrace::start(v.queues());
-        let v: Arc<dyn BlockDevice> = v;
+        let v: Arc<dyn DynBlockDevice> = v;
         let reader = Load {
             op: Op::RandRead,
             bs: 4096,

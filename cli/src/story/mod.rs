@@ -17,7 +17,7 @@ use clap::Args;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::{IoClass, Profile, sim};
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, FileOptions, IoOpts, Stats, StatsSnapshot, Volume};
+use tagstripe::{BlockDevice, DynBlockDevice, FileOptions, IoOpts, Stats, StatsSnapshot, Volume};
 
 use crate::components;
 use crate::load::{Load, Op, parse_size};
@@ -193,7 +193,7 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 fn build(
-    comps: Vec<Arc<dyn BlockDevice>>,
+    comps: Vec<Arc<dyn DynBlockDevice>>,
     interleave: u64,
     flavor: Flavor,
     queue: bool,
@@ -268,7 +268,7 @@ pub(crate) fn run(a: &RunArgs) -> ExitCode {
 }
 
 /// Components, their names, and whether they are open with O_DIRECT.
-type Opened = (Vec<Arc<dyn BlockDevice>>, Vec<String>, bool);
+type Opened = (Vec<Arc<dyn DynBlockDevice>>, Vec<String>, bool);
 
 /// Makes a file of `size` bytes with every block written (and synced), so reads measure the
 /// device rather than the filesystem answering holes with zeros.
@@ -289,7 +289,7 @@ fn write_through(p: &std::path::Path, size: u64) -> std::io::Result<()> {
 /// allows it.
 async fn temp_components(t: &TempFiles, size: u64, want_direct: bool) -> Result<Opened, String> {
     std::fs::create_dir_all(&t.dir).map_err(|e| format!("{}: {e}", t.dir.display()))?;
-    let mut comps: Vec<Arc<dyn BlockDevice>> = Vec::new();
+    let mut comps: Vec<Arc<dyn DynBlockDevice>> = Vec::new();
     let mut names = Vec::new();
     let mut direct = want_direct;
     for i in 0..4 {
@@ -350,7 +350,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
             outln!("  {n}");
         }
     }
-    let dev: Arc<dyn BlockDevice> = vol.clone();
+    let dev: Arc<dyn DynBlockDevice> = vol.clone();
     let steps = [("sweep", 13), ("bonnie", 4), ("fairness", 4)]
         .iter()
         .filter(|(p, _)| phase(p))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use tagstripe::BlockDevice;
+use tagstripe::DynBlockDevice;
 
 use super::{Progress, round, seq};
 use crate::load::{self, Op, human};
@@ -24,7 +24,7 @@ pub(super) struct SweepRow {
 /// Runs the sweep over the first `total` sectors of `dev` (or 128 MiB, 16 with `quick`),
 /// written first; prints the table if `text`.
 pub(super) async fn sweep(
-    dev: &Arc<dyn BlockDevice>,
+    dev: &Arc<dyn DynBlockDevice>,
     total: u64,
     quick: bool,
     text: bool,

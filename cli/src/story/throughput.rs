@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
-use tagstripe::BlockDevice;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
+use tagstripe::{BlockDevice, DynBlockDevice};
 
 use super::{build, parse_seconds, round, runtime};
 use crate::components::{self, OpenOptions};
@@ -90,7 +90,7 @@ pub(crate) fn throughput(a: &ThroughputArgs) -> ExitCode {
             Err(e) => return crate::fail("bench throughput", "open", &e, a.json),
         };
         let vol = match build(comps, a.interleave, Flavor::NetBsd, true) {
-            Ok(v) => Arc::new(v) as Arc<dyn BlockDevice>,
+            Ok(v) => Arc::new(v) as Arc<dyn DynBlockDevice>,
             Err(e) => return crate::fail("bench throughput", "volume", &e, a.json),
         };
         let total = vol.info().sectors;

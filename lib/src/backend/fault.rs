@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tagstripe_scheduler::Rng;
@@ -212,7 +211,6 @@ async fn pause(d: Duration) {
     }
 }
 
-#[async_trait]
 impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
     fn info(&self) -> &DeviceInfo {
         self.inner.info()

@@ -7,7 +7,6 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
@@ -223,7 +222,6 @@ fn aligned(len: usize) -> (Vec<u8>, usize) {
     (v, off)
 }
 
-#[async_trait]
 impl BlockDevice for FileDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info

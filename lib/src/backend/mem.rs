@@ -1,6 +1,5 @@
 //! A memory backend.
 
-use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use parking_lot::RwLock;
 
@@ -80,7 +79,6 @@ impl MemDevice {
     }
 }
 
-#[async_trait]
 impl BlockDevice for MemDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tagstripe_scheduler::sim::{read as read_cmd, write as write_cmd};
@@ -204,7 +203,6 @@ async fn drive(shared: Weak<Shared>) {
     }
 }
 
-#[async_trait]
 impl BlockDevice for SimDevice {
     fn info(&self) -> &DeviceInfo {
         self.data.info()

@@ -10,7 +10,6 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::Mutex;
@@ -589,7 +588,6 @@ fn ring_len(len: usize) -> io::Result<u32> {
     u32::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
-#[async_trait]
 impl BlockDevice for UringDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info

@@ -1,10 +1,12 @@
 //! Layers: each wraps devices and is a device itself.
 
+mod component;
 mod queue;
 mod slot;
 mod split;
 mod striped;
 
+pub(crate) use component::Component;
 pub use queue::{Queue, QueueHandle};
 pub(crate) use slot::Slot;
 pub use split::Split;

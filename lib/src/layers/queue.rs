@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tagstripe_scheduler::{
@@ -436,7 +435,6 @@ fn with_kind(opts: IoOpts, kind: TagKind) -> IoOpts {
     IoOpts { kind, ..opts }
 }
 
-#[async_trait]
 impl<D: BlockDevice> BlockDevice for Queue<D> {
     fn info(&self) -> &DeviceInfo {
         self.dev.info()

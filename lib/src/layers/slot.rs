@@ -2,10 +2,9 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::{BlockDevice, DeviceInfo, Extent, IoOpts, Result, Zeroes};
+use crate::{BlockDevice, DeviceInfo, DynBlockDevice, Extent, IoOpts, Result, Zeroes};
 
 /// A component's place in a mirror with metadata: requests go to the device it holds now,
 /// and [`crate::Volume::replace`] puts another there (requests already under way finish on
@@ -13,28 +12,27 @@ use crate::{BlockDevice, DeviceInfo, Extent, IoOpts, Result, Zeroes};
 #[derive(Debug)]
 pub(crate) struct Slot {
     info: DeviceInfo,
-    dev: parking_lot::RwLock<Arc<dyn BlockDevice>>,
+    dev: parking_lot::RwLock<Arc<dyn DynBlockDevice>>,
 }
 
 impl Slot {
-    pub(crate) fn new(dev: Arc<dyn BlockDevice>) -> Self {
+    pub(crate) fn new(dev: Arc<dyn DynBlockDevice>) -> Self {
         Self {
             info: dev.info().clone(),
             dev: parking_lot::RwLock::new(dev),
         }
     }
 
-    fn get(&self) -> Arc<dyn BlockDevice> {
+    fn get(&self) -> Arc<dyn DynBlockDevice> {
         Arc::clone(&self.dev.read())
     }
 
     /// Puts `dev` in the slot; returns the device it held.
-    pub(crate) fn replace(&self, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    pub(crate) fn replace(&self, dev: Arc<dyn DynBlockDevice>) -> Arc<dyn DynBlockDevice> {
         std::mem::replace(&mut *self.dev.write(), dev)
     }
 }
 
-#[async_trait]
 impl BlockDevice for Slot {
     fn info(&self) -> &DeviceInfo {
         &self.info

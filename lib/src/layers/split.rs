@@ -1,6 +1,5 @@
 //! Split: requests cut by a device's limits and quirks before they reach it.
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use tagstripe_quirks::{Applied, Mod15, Op, Splitter};
 
@@ -64,7 +63,6 @@ impl<D: BlockDevice> Split<D> {
     }
 }
 
-#[async_trait]
 impl<D: BlockDevice> BlockDevice for Split<D> {
     fn info(&self) -> &DeviceInfo {
         &self.info

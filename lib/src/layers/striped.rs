@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -11,7 +10,8 @@ use tagstripe_quirks::{Limits, StripeShape};
 use tagstripe_striping::superblock::Side;
 use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
 
-use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
+use super::Component;
+use crate::{BlockDevice, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
 
 /// A volume striped (or concatenated, or mirrored) over components by a
 /// [`Geometry`]. Requests map to pieces issued concurrently; a read that maps to one piece is
@@ -22,9 +22,9 @@ use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 /// use std::sync::Arc;
 /// use bytes::Bytes;
 /// use tagstripe::striping::Geometry;
-/// use tagstripe::{BlockDevice, IoOpts, MemDevice, Striped};
+/// use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MemDevice, Striped};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let comps: Vec<Arc<dyn BlockDevice>> =
+/// let comps: Vec<Arc<dyn DynBlockDevice>> =
 ///     vec![Arc::new(MemDevice::new("a", 1000)), Arc::new(MemDevice::new("b", 2000))];
 /// let g = Geometry::builder([1000, 2000], 16).build()?;
 /// let v = Striped::new("vol", g, comps.clone())?;
@@ -38,7 +38,10 @@ use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 pub struct Striped {
     info: DeviceInfo,
     geometry: Geometry,
-    components: Vec<Arc<dyn BlockDevice>>,
+    /// The components as the pieces go to them (concrete stacks: no boxing above the device).
+    components: Vec<Component>,
+    /// The same, erased, for callers that want them as devices.
+    erased: Vec<Arc<dyn DynBlockDevice>>,
     reads: Mutex<ReadBalancer>,
     /// Each component's state ([`side_code`]): in sync; failed (missed a write, stale:
     /// never read, no longer written); resyncing (written, never read until copied back).
@@ -70,8 +73,17 @@ impl Striped {
     pub fn new(
         name: &str,
         geometry: Geometry,
-        components: Vec<Arc<dyn BlockDevice>>,
+        components: Vec<Arc<dyn DynBlockDevice>>,
     ) -> Result<Self> {
+        Self::over(
+            name,
+            geometry,
+            components.into_iter().map(Component::Erased).collect(),
+        )
+    }
+
+    /// As [`new`](Self::new), over a volume's own stacks.
+    pub(crate) fn over(name: &str, geometry: Geometry, components: Vec<Component>) -> Result<Self> {
         let n = geometry.components();
         if components.len() != n {
             return Err(Error::BadLength {
@@ -114,6 +126,7 @@ impl Striped {
             events: std::sync::OnceLock::new(),
             info,
             geometry,
+            erased: components.iter().map(Component::erased).collect(),
             components,
         })
     }
@@ -129,8 +142,8 @@ impl Striped {
     }
 
     /// The components.
-    pub fn components(&self) -> &[Arc<dyn BlockDevice>] {
-        &self.components
+    pub fn components(&self) -> &[Arc<dyn DynBlockDevice>] {
+        &self.erased
     }
 
     /// The mirror sides that failed a write and were dropped from the mirror (they hold
@@ -381,7 +394,6 @@ fn component(i: usize, volume_sector: Option<u64>, e: Error) -> Error {
     }
 }
 
-#[async_trait]
 impl BlockDevice for Striped {
     fn info(&self) -> &DeviceInfo {
         &self.info

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -728,7 +727,6 @@ async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-#[async_trait]
 impl BlockDevice for NbdDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info

@@ -19,7 +19,7 @@ use super::session::{
     Catalog, ExportEntry, Failure, Op, OpKind, Outcome, ServerSession, SessionConfig, SessionStats,
     TlsPolicy,
 };
-use crate::{BlockDevice, Error, IoOpts, Volume, Zeroes};
+use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Volume, Zeroes};
 
 /// How the server treats its clients.
 #[derive(Clone, Debug)]
@@ -187,7 +187,7 @@ impl NbdServer {
     /// Exports `device` as `name`. The first export is also the default one (the empty
     /// name).
     #[must_use]
-    pub fn export(self, name: &str, device: Arc<dyn BlockDevice>) -> Self {
+    pub fn export(self, name: &str, device: Arc<dyn DynBlockDevice>) -> Self {
         self.export_with(name, device, "", false)
     }
 
@@ -197,7 +197,7 @@ impl NbdServer {
     pub fn export_with(
         self,
         name: &str,
-        device: Arc<dyn BlockDevice>,
+        device: Arc<dyn DynBlockDevice>,
         description: &str,
         read_only: bool,
     ) -> Self {
@@ -218,7 +218,7 @@ impl NbdServer {
         description: &str,
         read_only: bool,
     ) -> Self {
-        let mut e = ExportEntry::new(name, Arc::clone(&volume) as Arc<dyn BlockDevice>);
+        let mut e = ExportEntry::new(name, Arc::clone(&volume) as Arc<dyn DynBlockDevice>);
         e.description = description.to_owned();
         e.read_only |= read_only;
         e.volume = Some(volume);

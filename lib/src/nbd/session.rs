@@ -47,7 +47,7 @@ use super::proto::{
     self, Chunk, ChunkHeader, Command, ExtendedRequest, InfoRequest, MetaContextRequest,
     OptionHeader, Request, SimpleReply, errno,
 };
-use crate::{BlockDevice, Extent, Volume};
+use crate::{BlockDevice, DynBlockDevice, Extent, Volume};
 
 /// One export as the session sees it: the device (only its [`BlockDevice::info`] is read
 /// here), how it is offered, and, for a volume, its layout for the `tagstripe:component`
@@ -57,7 +57,7 @@ pub struct ExportEntry {
     /// The name clients ask for.
     pub name: String,
     /// The device the ops run on.
-    pub device: Arc<dyn BlockDevice>,
+    pub device: Arc<dyn DynBlockDevice>,
     /// A description for `NBD_INFO_DESCRIPTION`.
     pub description: String,
     /// Refuse writes (also when the device is read-only).
@@ -71,7 +71,7 @@ pub struct ExportEntry {
 impl ExportEntry {
     /// A writable export of `device`.
     #[must_use]
-    pub fn new(name: &str, device: Arc<dyn BlockDevice>) -> Self {
+    pub fn new(name: &str, device: Arc<dyn DynBlockDevice>) -> Self {
         Self {
             name: name.to_owned(),
             read_only: device.info().read_only,

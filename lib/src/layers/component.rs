@@ -1,0 +1,82 @@
+//! A volume's component as the striped layer holds it: the builder's stack of concrete
+//! layers over the (erased) device, so a request's futures nest inline down to the device and
+//! the only boxed future a piece costs is the device's own.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::{
+    BlockDevice, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Queue, Result, Split, Zeroes,
+};
+
+/// One component of a [`crate::Striped`]: the stacks a volume builds, or any device.
+#[derive(Debug, Clone)]
+pub(crate) enum Component {
+    /// Split over a tagged queue over the device (a volume's default).
+    Queued(Arc<Split<Queue<Arc<dyn DynBlockDevice>>>>),
+    /// Split straight over the device (a volume without queues).
+    Direct(Arc<Split<Arc<dyn DynBlockDevice>>>),
+    /// Any device (what `Striped::new` is given).
+    Erased(Arc<dyn DynBlockDevice>),
+}
+
+impl Component {
+    /// The same device, erased (one boxed future a request through it).
+    pub(crate) fn erased(&self) -> Arc<dyn DynBlockDevice> {
+        match self {
+            Self::Queued(d) => Arc::clone(d) as Arc<dyn DynBlockDevice>,
+            Self::Direct(d) => Arc::clone(d) as Arc<dyn DynBlockDevice>,
+            Self::Erased(d) => Arc::clone(d),
+        }
+    }
+}
+
+/// Calls the same method on whichever stack it is, awaiting it in place.
+macro_rules! each {
+    ($self:ident, $d:ident => $call:expr) => {
+        match $self {
+            Component::Queued($d) => $call.await,
+            Component::Direct($d) => $call.await,
+            Component::Erased($d) => $call.await,
+        }
+    };
+}
+
+impl BlockDevice for Component {
+    fn info(&self) -> &DeviceInfo {
+        match self {
+            Self::Queued(d) => d.info(),
+            Self::Direct(d) => d.info(),
+            Self::Erased(d) => d.info(),
+        }
+    }
+    fn caps(&self) -> Caps {
+        match self {
+            Self::Queued(d) => d.caps(),
+            Self::Direct(d) => d.caps(),
+            Self::Erased(d) => d.caps(),
+        }
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        each!(self, d => d.read(start, sectors, opts))
+    }
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        each!(self, d => d.read_into(start, buf, opts))
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        each!(self, d => d.write(start, data, opts))
+    }
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        each!(self, d => d.flush(opts))
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        each!(self, d => d.discard(start, sectors, opts))
+    }
+    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
+        each!(self, d => d.write_zeroes(start, sectors, z, opts))
+    }
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
+        each!(self, d => d.allocation(start, sectors))
+    }
+}
