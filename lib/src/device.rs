@@ -116,6 +116,11 @@ pub struct DeviceInfo {
     /// What it can do. `caps.trim` is kept equal to `limits.max_discard_sectors > 0` (one
     /// meaning for 0 there: no discard); set both with [`DeviceInfo::set_discard`].
     pub caps: Caps,
+    /// The physical device the data lives on, where known: a block device's own device
+    /// number, or for a file the number of the device its filesystem is on (`st_rdev` /
+    /// `st_dev`). A volume puts components with the same `media` behind one tagged queue
+    /// ([`crate::Queue::group`]): they compete for one disk.
+    pub media: Option<u64>,
 }
 
 impl DeviceInfo {
@@ -132,6 +137,7 @@ impl DeviceInfo {
             identity: Identity::default(),
             read_only: false,
             caps: Caps::default(),
+            media: None,
         }
     }
 

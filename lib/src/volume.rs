@@ -64,6 +64,7 @@ pub struct VolumeBuilder {
     mod15: Mod15,
     fair: FairConfig,
     queue: bool,
+    share_queues: bool,
     layers: Layers,
     metadata: bool,
     assume_clean: bool,
@@ -345,6 +346,16 @@ impl VolumeBuilder {
         self
     }
 
+    /// Whether components on one physical device ([`DeviceInfo::media`]: files on one
+    /// filesystem, say) share one tagged queue (default on, [`Queue::group`]): the fair
+    /// policy then sees all the interactive and bulk I/O that competes for that device, not
+    /// a component's share of it. Off, each component has its own queue.
+    #[must_use]
+    pub fn share_queues(mut self, on: bool) -> Self {
+        self.share_queues = on;
+        self
+    }
+
     /// Whether to put each component behind a tagged queue (default on). Off, requests go
     /// straight to the split layer: for components that queue themselves (another volume).
     #[must_use]
@@ -420,11 +431,15 @@ impl VolumeBuilder {
         let mut wrapped = Vec::with_capacity(components.len());
         let mut component_stats = Vec::new();
         let mut queues = Vec::new();
-        for c in components {
+        let mut queued = if self.queue {
+            queues_for(&components, self.share_queues, self.fair)
+        } else {
+            Vec::new()
+        };
+        for (i, c) in components.into_iter().enumerate() {
             let info = c.info();
             let applied = self.quirks.apply(&info.identity, &info.limits)?;
-            let dev = if self.queue {
-                let queue = Queue::with_policy(c, Box::new(Fair::new(self.fair)));
+            let dev = if let Some(queue) = queued.get_mut(i).and_then(Option::take) {
                 component_stats.push(queue.stats_handle());
                 queues.push(queue.handle());
                 Component::Queued(Arc::new(Split::new(queue, &applied, self.mod15)?))
@@ -451,6 +466,37 @@ impl VolumeBuilder {
             slots,
         })
     }
+}
+
+/// Each component's queue: one pool for the components on one physical device
+/// (`DeviceInfo::media`), unless [`share_queues`](VolumeBuilder::share_queues) is off.
+fn queues_for(
+    components: &[Arc<dyn DynBlockDevice>],
+    share: bool,
+    fair: FairConfig,
+) -> Vec<Option<Queue<Arc<dyn DynBlockDevice>>>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_media = std::collections::HashMap::new();
+    for (i, c) in components.iter().enumerate() {
+        match c.info().media.filter(|_| share) {
+            Some(m) => {
+                let g = *by_media.entry(m).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+                groups[g].push(i);
+            }
+            None => groups.push(vec![i]),
+        }
+    }
+    let mut out: Vec<Option<_>> = components.iter().map(|_| None).collect();
+    for g in groups {
+        let devs = g.iter().map(|&i| Arc::clone(&components[i])).collect();
+        for (&i, q) in g.iter().zip(Queue::group(devs, Box::new(Fair::new(fair)))) {
+            out[i] = Some(q);
+        }
+    }
+    out
 }
 
 /// A striped volume of queued, split components; itself a [`BlockDevice`]. See
@@ -516,6 +562,7 @@ impl Volume {
             mod15: Mod15::Cap15,
             fair: FairConfig::default(),
             queue: true,
+            share_queues: true,
             layers: Layers::default(),
             metadata: false,
             assume_clean: false,

@@ -191,9 +191,9 @@ impl Goals {
     }
 }
 
-/// How the queues shaped bulk during a live run: samples of bulk's depth at each
-/// component (commands at the device), its piece size and budget, every 2 ms, and the
-/// controller's changes (the queues' `Shaped` events).
+/// How the queues shaped bulk during a live run: samples of bulk's depth at each queue
+/// (commands at the device; components on one device share a queue), its piece size and
+/// budget, every 2 ms, and the controller's changes (the queues' `Shaped` events).
 struct ShapeTrace {
     stop: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<ShapeSamples>,
@@ -210,7 +210,14 @@ struct ShapeSamples {
 
 impl ShapeTrace {
     fn start(queues: &[tagstripe::QueueHandle]) -> Self {
-        let queues = queues.to_vec();
+        // One sample per queue, however many components share it.
+        let mut distinct: Vec<tagstripe::QueueHandle> = Vec::new();
+        for q in queues {
+            if !distinct.iter().any(|d| d.same_queue(q)) {
+                distinct.push(q.clone());
+            }
+        }
+        let queues = distinct;
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopped = Arc::clone(&stop);
         let task = tokio::spawn(async move {

@@ -61,8 +61,10 @@ impl FileDevice {
     pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
         let (file, name) = open_with(path.as_ref(), opts)?;
         let io_err = |op, source| open_error(&name, op, source);
-        let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
+        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
+        let len = meta.len();
         let mut info = DeviceInfo::new(name.clone(), 0);
+        info.media = Some(std::os::unix::fs::MetadataExt::dev(&meta));
         info.limits.logical_block_size = if opts.logical_block_size == 0 {
             512
         } else {
@@ -114,6 +116,7 @@ impl FileDevice {
         let pbs = blk_int(&file, libc::BLKPBSZGET).map_err(|e| io_err("BLKPBSZGET", e))?;
         let sys = sysfs_dir(&meta);
         let mut info = DeviceInfo::new(name, bytes / 512);
+        info.media = Some(std::os::unix::fs::MetadataExt::rdev(&meta));
         info.limits = sysfs_limits(&sys.join("queue"), lbs, pbs);
         info.limits = info.limits.validate()?;
         info.identity = tagstripe_quirks::Identity::new(

@@ -213,25 +213,52 @@ impl<D: BlockDevice> Queue<D> {
 
     /// A queue with another policy.
     pub fn with_policy(dev: D, policy: Box<dyn Policy + Send>) -> Self {
-        let l = &dev.info().limits;
-        let cfg = QueueConfig {
-            max_tags: l.max_tags.max(1),
-            min_tags: l.min_tags.max(1),
-            ..QueueConfig::default()
-        };
-        let cuts = IoClass::ALL.map(|c| policy.limits_pieces(c));
+        let (inner, cuts) = pool(&[dev.info()], policy);
         Self {
             cuts,
-            inner: Arc::new(Mutex::new(Inner {
-                name: dev.info().name.clone(),
-                q: TagQueue::new(cfg, policy),
-                epoch: Instant::now(),
-                timer_at: None,
-                events: broadcast::channel(EVENTS).0,
-            })),
+            inner,
             dev,
             stats: Arc::new(Stats::default()),
         }
+    }
+
+    /// Queues over devices that share one physical device (files on one filesystem, say):
+    /// one tag pool and one policy for them all, so that what the policy does for one
+    /// device's interactive requests (holding bulk back while a read is at the device,
+    /// shaping bulk to the latency it sees) covers the bulk sent to the others, which
+    /// compete for the same disk. The pool's openings are the devices' `max_tags` summed
+    /// (at most 1,024): as many commands in flight as separate queues would allow. Each
+    /// queue keeps its own statistics; their handles all reach the one pool. Empty for no
+    /// devices.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::scheduler::{Fair, FairConfig};
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice, Queue};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let devs = vec![MemDevice::new("a", 1024), MemDevice::new("b", 1024)];
+    /// let qs = Queue::group(devs, Box::new(Fair::new(FairConfig::default())));
+    /// assert!(qs[0].handle().same_queue(&qs[1].handle()));
+    /// assert_eq!(qs[1].openings(), 128, "64 tags each");
+    /// qs[1].write(0, Bytes::from(vec![1u8; 512]), IoOpts::new()).await?;
+    /// assert_eq!(qs[0].read(0, 1, IoOpts::new()).await?[0], 0, "each queue its own device");
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn group(devs: Vec<D>, policy: Box<dyn Policy + Send>) -> Vec<Self> {
+        if devs.is_empty() {
+            return Vec::new();
+        }
+        let infos: Vec<&DeviceInfo> = devs.iter().map(BlockDevice::info).collect();
+        let (inner, cuts) = pool(&infos, policy);
+        devs.into_iter()
+            .map(|dev| Self {
+                cuts,
+                inner: Arc::clone(&inner),
+                dev,
+                stats: Arc::new(Stats::default()),
+            })
+            .collect()
     }
 
     /// The device's statistics, as seen at the queue.
@@ -416,6 +443,37 @@ impl<D: BlockDevice> Queue<D> {
     }
 }
 
+/// One tag pool and policy for devices `infos` (at least one): their tags summed (at most
+/// 1,024), the largest of their minimums; named after them all.
+fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inner>>, [bool; 4]) {
+    let max_tags = infos
+        .iter()
+        .map(|i| u64::from(i.limits.max_tags.max(1)))
+        .sum::<u64>()
+        .clamp(1, 1024) as u32;
+    let min_tags = infos
+        .iter()
+        .map(|i| i.limits.min_tags.max(1))
+        .max()
+        .unwrap_or(1)
+        .min(max_tags);
+    let cfg = QueueConfig {
+        max_tags,
+        min_tags,
+        ..QueueConfig::default()
+    };
+    let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
+    let cuts = IoClass::ALL.map(|c| policy.limits_pieces(c));
+    let inner = Arc::new(Mutex::new(Inner {
+        name: names.join(", "),
+        q: TagQueue::new(cfg, policy),
+        epoch: Instant::now(),
+        timer_at: None,
+        events: broadcast::channel(EVENTS).0,
+    }));
+    (inner, cuts)
+}
+
 /// Requests slower than this are reported (`tracing` warning).
 const SLOW: Duration = Duration::from_secs(1);
 
@@ -594,6 +652,12 @@ impl QueueHandle {
     #[must_use]
     pub fn device(&self) -> &str {
         &self.name
+    }
+
+    /// Whether both handles reach the same queue (devices grouped by [`Queue::group`]).
+    #[must_use]
+    pub fn same_queue(&self, other: &QueueHandle) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The current openings (tags the device may hold).
