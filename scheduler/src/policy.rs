@@ -357,6 +357,17 @@ pub struct FairConfig {
     /// Per-class deadlines: a head older than its class's deadline goes before
     /// higher classes (no class starves). Indexed by [`IoClass::index`].
     pub deadlines: [Nanos; 4],
+    /// Interactive commands sent head-of-queue that may be at the device at once; 0 for no
+    /// limit (the default). A device that honours head-of-queue tags (SCSI's task set)
+    /// puts each one before everything it holds, earlier head-of-queue commands too, so a
+    /// burst of interactive reads is served newest first and the oldest waits for all the
+    /// others. 2 keeps them in order: the one the device serves and the one that goes next
+    /// (already there when the head is free, before the device turns to its own work, such
+    /// as destaging its write cache); a third waits in the host queue. Holding back even
+    /// the second is worse (the device starts its own work in the gap). Devices that ignore
+    /// tag kinds (files, NVMe) need no limit, and a limit would only cap interactive
+    /// parallelism while bulk is at the device.
+    pub head_of_queue_max: u32,
 }
 
 impl Default for FairConfig {
@@ -384,6 +395,7 @@ impl Default for FairConfig {
             idle_after: 5_000_000_000,
             anticipate: 2_000_000,
             deadlines: [0, 500_000_000, 2_000_000_000, 10_000_000_000],
+            head_of_queue_max: 0,
         }
     }
 }
@@ -439,6 +451,8 @@ pub struct Fair {
     last_interactive: Option<Nanos>,
     last_interactive_done: Option<Nanos>,
     barrier_out: bool,
+    /// Interactive commands at the device that were sent head-of-queue.
+    hoq_out: u32,
 }
 
 impl Fair {
@@ -474,6 +488,7 @@ impl Fair {
             last_interactive: None,
             last_interactive_done: None,
             barrier_out: false,
+            hoq_out: 0,
         }
     }
 
@@ -678,10 +693,17 @@ impl Policy for Fair {
             let lower_starving = view
                 .oldest_lower_at_device
                 .is_some_and(|t| now.saturating_sub(t) >= self.cfg.age);
-            return Choice::Dispatch {
-                class: IoClass::Interactive,
-                promote: (lower_at_device > 0 && !lower_starving).then_some(TagKind::HeadOfQueue),
-            };
+            let promote = (lower_at_device > 0 && !lower_starving).then_some(TagKind::HeadOfQueue);
+            // A head-of-queue command goes before everything the device holds, earlier
+            // head-of-queue commands too: a burst of them is served newest first, and the
+            // oldest waits for all the others. Hence `head_of_queue_max` (see there).
+            let max = self.cfg.head_of_queue_max;
+            if promote.is_none() || max == 0 || self.hoq_out < max {
+                return Choice::Dispatch {
+                    class: IoClass::Interactive,
+                    promote,
+                };
+            }
         }
         let i = IoClass::Interactive.index();
         let active = self.active_at(now) || view.pending[i] > 0 || view.active[i] > 0;
@@ -777,7 +799,10 @@ impl Policy for Fair {
         }
     }
 
-    fn on_dispatch(&mut self, now: Nanos, meta: &Meta, _kind: TagKind) {
+    fn on_dispatch(&mut self, now: Nanos, meta: &Meta, kind: TagKind) {
+        if meta.class == IoClass::Interactive && kind == TagKind::HeadOfQueue {
+            self.hoq_out += 1;
+        }
         match meta.class {
             IoClass::Bulk => {
                 self.bulk_sectors = self.bulk_sectors.saturating_add(meta.sectors.max(1));
@@ -797,6 +822,9 @@ impl Policy for Fair {
     fn on_release(&mut self, now: Nanos, meta: &Meta, kind: TagKind, how: Release) {
         if kind == TagKind::Ordered && meta.kind != TagKind::Ordered {
             self.barrier_out = false;
+        }
+        if meta.class == IoClass::Interactive && kind == TagKind::HeadOfQueue {
+            self.hoq_out = self.hoq_out.saturating_sub(1);
         }
         match meta.class {
             IoClass::Bulk => {

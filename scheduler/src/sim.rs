@@ -558,7 +558,9 @@ pub fn scheduler_setup(
 /// (as on live devices). On a seeking disk with a write cache the device holds a read behind
 /// whatever it already has, so bulk is kept to a small budget of 16 KiB pieces while
 /// interactive I/O is active, and is held back for as long as a read is at the device (its
-/// starvation guard is its deadline); the same settings serve every profile.
+/// starvation guard is its deadline). The modelled disks honour head-of-queue tags, so at
+/// most two interactive reads go head-of-queue at once (`head_of_queue_max`): a burst of
+/// them is otherwise served newest first. The same settings serve every profile.
 #[must_use]
 pub fn fair_config_from(unloaded: &RunResult) -> FairConfig {
     let p99 = unloaded.interactive.p99.max(1);
@@ -572,6 +574,7 @@ pub fn fair_config_from(unloaded: &RunResult) -> FairConfig {
         piece_max: 32,
         budget_start: 128,
         budget_max: 128,
+        head_of_queue_max: 2,
         ..d
     }
 }

