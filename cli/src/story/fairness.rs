@@ -381,7 +381,7 @@ pub(crate) fn fairness_live(
                 Ok((live, goals, direct)) => {
                     if json {
                         let r = LiveReport { live, seconds: secs, interleave, direct, goals };
-                        outln!("{}", super::report::to_json(&r));
+                        outln!("{}", super::to_json(&r));
                     }
                     ExitCode::SUCCESS
                 }

@@ -208,6 +208,11 @@ fn build(
         .map_err(|e| e.to_string())
 }
 
+/// `value` as one line of JSON.
+fn to_json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
 fn round(x: f64, digits: i32) -> f64 {
     let m = 10f64.powi(digits);
     (x * m).round() / m
@@ -436,7 +441,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
         report::summary(&report);
     }
     if a.json {
-        outln!("{}", report::to_json(&report));
+        outln!("{}", to_json(&report));
     }
     ExitCode::SUCCESS
 }

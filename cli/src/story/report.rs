@@ -36,11 +36,6 @@ pub(super) struct Fairness {
     pub(super) report: Option<sim::Report>,
 }
 
-/// `value` as one line of JSON.
-pub(super) fn to_json(value: &impl Serialize) -> String {
-    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
-
 /// bonnie's table.
 pub(super) fn bonnie_table(b: &Bonnie) {
     outln!("\nbonnie-style summary (1 MiB blocks; seeks: 3 readers of random 8 KiB)");

@@ -137,7 +137,7 @@ pub(crate) fn throughput(a: &ThroughputArgs) -> ExitCode {
             },
         };
         if a.json {
-            outln!("{}", super::report::to_json(&r));
+            outln!("{}", super::to_json(&r));
         } else {
             outln!(
                 "{} bs={} depth={}: {:.1} MB/s, {:.0} IOPS, latency p50 {:.1} us, p99 {:.1} us, max {:.1} us ({:.1} s)",
