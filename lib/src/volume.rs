@@ -592,6 +592,8 @@ impl Volume {
 
     /// Each component's tagged queue, in component order (empty if the volume was built
     /// with `.queue(false)`): openings, what is in flight, how bulk is shaped, events.
+    /// Components on one physical device share a queue ([`VolumeBuilder::share_queues`]):
+    /// their handles reach the same pool ([`QueueHandle::same_queue`]).
     ///
     /// ```
     /// use std::sync::Arc;
