@@ -254,7 +254,7 @@ fn device_orders_pick_as_named() {
 /// The 1999 story's bounds on hdd-1998 for seeds 1 to 8 (not tuned to one): the login
 /// chain and the reader's p99 within 1.3x of unloaded, bulk at least 0.9x FIFO's. (The
 /// reader's p99 is its 6th slowest read of about 550, so it is a noisy figure: of seeds 1
-/// to 24, 19 are within 1.3x and the rest within 1.46x.)
+/// to 24, 20 are within 1.3x and the other four within 1.46x.)
 #[test]
 fn hdd_1998_bounds_hold_across_seeds() {
     for seed in 1u64..=8 {
