@@ -105,6 +105,16 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
+    /// Adds another run's figures (the latencies are left unsorted: sort before
+    /// [`lat_us`](Self::lat_us)).
+    pub(crate) fn add(&mut self, other: Outcome) {
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+        self.errors += other.errors;
+        self.elapsed += other.elapsed;
+        self.lat.extend(other.lat);
+    }
+
     pub(crate) fn mb_s(&self) -> f64 {
         self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e6
     }

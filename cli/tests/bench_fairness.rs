@@ -89,7 +89,7 @@ fn fairness_live_on_a_volume() {
             "--component",
             "sim:ssd:64M",
             "--live-seconds",
-            "0.5",
+            "1.5",
             "--json",
         ])
         .output()
@@ -118,4 +118,7 @@ fn fairness_live_on_a_volume() {
         assert!(r["interactive"]["reads"].as_u64().unwrap() > 0, "{r}");
     }
     assert!(v["live"][2]["bulk_mb_s"].as_f64().unwrap() > 0.0);
+    // 1.5 s a run: two interleaved slices each.
+    assert_eq!(v["slices"], 2, "{v}");
+    assert_eq!(v["seconds"], 1.5, "{v}");
 }

@@ -39,6 +39,12 @@ pub(super) struct Interactive {
 /// The live story on a volume over `comps` (interleave, flavor): an interactive 4 KiB
 /// reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
 /// `secs` each. Prints a table if `text`; returns the runs and the goals.
+///
+/// Each run is measured in slices of about a second, the three runs' slices interleaved
+/// (in a rotating order), and each run's figures are those of all its slices together. A
+/// shared machine's disk drifts: measured one after the other, the reader alone and the
+/// reader beside bulk would compare two states of the disk, not two policies. Each run
+/// keeps its own volume across its slices, so the controller goes on from where it was.
 pub(super) async fn live_fairness(
     comps: &[Arc<dyn DynBlockDevice>],
     (interleave, flavor): (u64, Flavor),
@@ -47,9 +53,11 @@ pub(super) async fn live_fairness(
     progress: &Progress,
     watched: Option<&Watched>,
 ) -> Result<(Vec<LiveRun>, Goals), String> {
+    let slices = slices_of(secs);
+    let slice = secs / slices;
     if text {
         outln!(
-            "\nlive on this volume: a bulk writer (1 MiB, 16 in flight) and an interactive reader (4 KiB random, one at a time, 1 ms apart), {secs:?}"
+            "\nlive on this volume: a bulk writer (1 MiB, 16 in flight) and an interactive reader (4 KiB random, one at a time, 1 ms apart), {secs:?} each, in {slices} interleaved slices"
         );
         outln!(
             "{:<26} {:>10} {:>10} {:>10} {:>10}",
@@ -60,53 +68,80 @@ pub(super) async fn live_fairness(
             "bulk MB/s"
         );
     }
-    let mut live = Vec::new();
-    // Reader p99 (ms) and bulk MB/s of each run, for the goals.
-    let mut figures = Vec::new();
-    for (label, queue, with_bulk) in [
+    const RUNS: [(&str, bool, bool); 3] = [
         ("reader alone", true, false),
         ("fairness off (no queue)", false, true),
         ("fairness on (tagstripe)", true, true),
-    ] {
-        progress.step(&format!("fairness: {label}"));
-        let v = Arc::new(build(comps.to_vec(), interleave, flavor, queue)?);
-        if let Some(Ok(mut w)) = watched.map(|w| w.lock()) {
-            *w = v.component_stats().to_vec();
+    ];
+    let mut volumes = Vec::with_capacity(RUNS.len());
+    for &(_, queue, _) in &RUNS {
+        volumes.push(Arc::new(build(comps.to_vec(), interleave, flavor, queue)?));
+    }
+    let mut reads = vec![Outcome::default(); RUNS.len()];
+    let mut writes = vec![Outcome::default(); RUNS.len()];
+    let mut shaping = ShapeSamples::default();
+    for n in 0..slices {
+        for k in 0..RUNS.len() {
+            let r = (k + n as usize) % RUNS.len();
+            let (label, queue, with_bulk) = RUNS[r];
+            if n == 0 {
+                progress.step(&format!("fairness: {label}"));
+            }
+            let v = &volumes[r];
+            if let Some(Ok(mut w)) = watched.map(|w| w.lock()) {
+                *w = v.component_stats().to_vec();
+            }
+            let total = v.info().sectors;
+            let trace = (queue && with_bulk).then(|| ShapeTrace::start(v.queues()));
+            let dev: Arc<dyn DynBlockDevice> = Arc::clone(v) as Arc<dyn DynBlockDevice>;
+            let seed = u64::from(n) << 8;
+            let reader = Load {
+                op: Op::RandRead,
+                bs: 4096,
+                depth: 1,
+                time: slice,
+                bytes: 0,
+                region: (0, total),
+                class: IoClass::Interactive,
+                think: Duration::from_millis(1),
+                seed: 3 ^ seed,
+            };
+            let bulk = Load {
+                op: Op::Write,
+                bs: 1 << 20,
+                depth: 16,
+                time: slice,
+                bytes: 0,
+                region: (0, total),
+                class: IoClass::Bulk,
+                think: Duration::ZERO,
+                seed: 4 ^ seed,
+            };
+            let (i, b) = if with_bulk {
+                tokio::join!(
+                    load::run(Arc::clone(&dev), reader),
+                    load::run(Arc::clone(&dev), bulk)
+                )
+            } else {
+                (
+                    load::run(Arc::clone(&dev), reader).await,
+                    Outcome::default(),
+                )
+            };
+            if let Some(t) = trace {
+                shaping.add(t.finish().await);
+            }
+            reads[r].add(i);
+            writes[r].add(b);
         }
-        let total = v.info().sectors;
-        let trace = ShapeTrace::start(v.queues());
-        let v: Arc<dyn DynBlockDevice> = v;
-        let reader = Load {
-            op: Op::RandRead,
-            bs: 4096,
-            depth: 1,
-            time: secs,
-            bytes: 0,
-            region: (0, total),
-            class: IoClass::Interactive,
-            think: Duration::from_millis(1),
-            seed: 3,
-        };
-        let bulk = Load {
-            op: Op::Write,
-            bs: 1 << 20,
-            depth: 16,
-            time: secs,
-            bytes: 0,
-            region: (0, total),
-            class: IoClass::Bulk,
-            think: Duration::ZERO,
-            seed: 4,
-        };
-        let (i, b) = if with_bulk {
-            tokio::join!(
-                load::run(Arc::clone(&v), reader),
-                load::run(Arc::clone(&v), bulk)
-            )
-        } else {
-            (load::run(Arc::clone(&v), reader).await, Outcome::default())
-        };
-        let shaping = trace.finish().await.summary();
+    }
+    let mut live = Vec::new();
+    // Reader p99 (ms) and bulk MB/s of each run, for the goals.
+    let mut figures = Vec::new();
+    let mut shaping = Some(shaping);
+    for (r, &(label, queue, with_bulk)) in RUNS.iter().enumerate() {
+        let (i, b) = (&mut reads[r], &writes[r]);
+        i.lat.sort_unstable();
         let ms = |p| round(i.lat_us(p) / 1e3, 2);
         let run = LiveRun {
             run: label,
@@ -117,7 +152,11 @@ pub(super) async fn live_fairness(
                 reads: i.ops,
             },
             bulk_mb_s: if with_bulk { round(b.mb_s(), 2) } else { 0.0 },
-            bulk_shaping: (queue && with_bulk).then_some(shaping),
+            bulk_shaping: if queue && with_bulk {
+                shaping.take().map(ShapeSamples::summary)
+            } else {
+                None
+            },
         };
         if text {
             let bulk_mb = if with_bulk {
@@ -137,14 +176,21 @@ pub(super) async fn live_fairness(
                 outln!("{:<26} {}", "  bulk shaping", s.line());
             }
         }
-        live.push(run);
         figures.push((i.lat_us(0.99) / 1e3, b.mb_s()));
+        live.push(run);
     }
     let goals = Goals::of(&figures);
     if text {
         outln!("{}", goals.line());
     }
     Ok((live, goals))
+}
+
+/// How many interleaved slices a live run of `secs` is measured in: one a second, at least
+/// one, at most 60.
+pub(super) fn slices_of(secs: Duration) -> u32 {
+    // A float's `as` cast saturates (and NaN gives 0), so this cannot wrap.
+    (secs.as_secs_f64().round() as u32).clamp(1, 60)
 }
 
 /// The live story's goals: with fairness on, the reader's p99 at most 4x the reader alone,
@@ -284,6 +330,15 @@ pub(super) struct Shaping {
 }
 
 impl ShapeSamples {
+    /// Adds another slice's samples.
+    fn add(&mut self, other: ShapeSamples) {
+        self.depth.extend(other.depth);
+        self.piece_kib.extend(other.piece_kib);
+        self.budget_kib.extend(other.budget_kib);
+        self.target_us.extend(other.target_us);
+        self.changes += other.changes;
+    }
+
     fn summary(self) -> Shaping {
         Shaping {
             samples: self.depth.len(),
@@ -323,6 +378,8 @@ impl Shaping {
 struct LiveReport {
     live: Vec<LiveRun>,
     seconds: f64,
+    /// The interleaved slices each run was measured in.
+    slices: u32,
     interleave: u64,
     direct: bool,
     goals: Goals,
@@ -380,7 +437,8 @@ pub(crate) fn fairness_live(
             r = run => match r {
                 Ok((live, goals, direct)) => {
                     if json {
-                        let r = LiveReport { live, seconds: secs, interleave, direct, goals };
+                        let slices = slices_of(Duration::from_secs_f64(secs));
+                        let r = LiveReport { live, seconds: secs, slices, interleave, direct, goals };
                         outln!("{}", super::to_json(&r));
                     }
                     ExitCode::SUCCESS
@@ -395,4 +453,19 @@ pub(crate) fn fairness_live(
     });
     drop(temp);
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_are_one_a_second_within_bounds() {
+        let s = |x: f64| slices_of(Duration::from_secs_f64(x));
+        assert_eq!(s(0.001), 1);
+        assert_eq!(s(1.4), 1);
+        assert_eq!(s(1.5), 2);
+        assert_eq!(s(5.0), 5);
+        assert_eq!(s(86_400.0), 60);
+    }
 }
