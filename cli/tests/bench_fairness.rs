@@ -116,6 +116,11 @@ fn fairness_live_on_a_volume() {
     );
     for r in v["live"].as_array().unwrap() {
         assert!(r["interactive"]["reads"].as_u64().unwrap() > 0, "{r}");
+        // One p99 per slice, none above the whole run's maximum.
+        let slices = r["interactive"]["slice_p99_ms"].as_array().unwrap();
+        assert_eq!(slices.len(), 2, "{r}");
+        let max = r["interactive"]["max_ms"].as_f64().unwrap();
+        assert!(slices.iter().all(|p| p.as_f64().unwrap() <= max), "{r}");
     }
     assert!(v["live"][2]["bulk_mb_s"].as_f64().unwrap() > 0.0);
     // 1.5 s a run: two interleaved slices each.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, DynBlockDevice};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts};
 
 use super::{Progress, TempFiles, Watched, build, round, runtime, temp_components};
 use crate::components;
@@ -34,6 +34,8 @@ pub(super) struct Interactive {
     pub(super) p99_ms: f64,
     pub(super) max_ms: f64,
     pub(super) reads: u64,
+    /// The p99 of each slice, in the order they ran: how much the disk drifted.
+    pub(super) slice_p99_ms: Vec<f64>,
 }
 
 /// The live story on a volume over `comps` (interleave, flavor): an interactive 4 KiB
@@ -41,10 +43,12 @@ pub(super) struct Interactive {
 /// `secs` each. Prints a table if `text`; returns the runs and the goals.
 ///
 /// Each run is measured in slices of about a second, the three runs' slices interleaved
-/// (in a rotating order), and each run's figures are those of all its slices together. A
-/// shared machine's disk drifts: measured one after the other, the reader alone and the
-/// reader beside bulk would compare two states of the disk, not two policies. Each run
-/// keeps its own volume across its slices, so the controller goes on from where it was.
+/// (each round in another of the six orders, so that no run always follows the same one),
+/// and each run's figures are those of all its slices together. A shared machine's disk
+/// drifts: measured one after the other, the reader alone and the reader beside bulk would
+/// compare two states of the disk, not two policies. A slice with bulk ends with a flush
+/// (not timed), so the next slice does not inherit its write-back. Each run keeps its own
+/// volume across its slices, so the controller goes on from where it was.
 pub(super) async fn live_fairness(
     comps: &[Arc<dyn DynBlockDevice>],
     (interleave, flavor): (u64, Flavor),
@@ -79,10 +83,19 @@ pub(super) async fn live_fairness(
     }
     let mut reads = vec![Outcome::default(); RUNS.len()];
     let mut writes = vec![Outcome::default(); RUNS.len()];
+    let mut slice_p99: Vec<Vec<f64>> = vec![Vec::new(); RUNS.len()];
     let mut shaping = ShapeSamples::default();
+    // Every order of the three runs, one a round.
+    const ORDERS: [[usize; 3]; 6] = [
+        [0, 1, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [0, 2, 1],
+        [2, 1, 0],
+        [1, 0, 2],
+    ];
     for n in 0..slices {
-        for k in 0..RUNS.len() {
-            let r = (k + n as usize) % RUNS.len();
+        for r in ORDERS[n as usize % ORDERS.len()] {
             let (label, queue, with_bulk) = RUNS[r];
             if n == 0 {
                 progress.step(&format!("fairness: {label}"));
@@ -131,6 +144,12 @@ pub(super) async fn live_fairness(
             if let Some(t) = trace {
                 shaping.add(t.finish().await);
             }
+            if with_bulk {
+                dev.flush(IoOpts::new())
+                    .await
+                    .map_err(|e| format!("flush after {label}: {e}"))?;
+            }
+            slice_p99[r].push(round(i.lat_us(0.99) / 1e3, 2));
             reads[r].add(i);
             writes[r].add(b);
         }
@@ -150,6 +169,7 @@ pub(super) async fn live_fairness(
                 p99_ms: ms(0.99),
                 max_ms: ms(1.0),
                 reads: i.ops,
+                slice_p99_ms: std::mem::take(&mut slice_p99[r]),
             },
             bulk_mb_s: if with_bulk { round(b.mb_s(), 2) } else { 0.0 },
             bulk_shaping: if queue && with_bulk {
@@ -181,6 +201,18 @@ pub(super) async fn live_fairness(
     }
     let goals = Goals::of(&figures);
     if text {
+        if slices > 1 {
+            let spread: Vec<String> = live
+                .iter()
+                .map(|r| {
+                    let v = &r.interactive.slice_p99_ms;
+                    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                    let hi = v.iter().copied().fold(0.0, f64::max);
+                    format!("{} {lo:.2}-{hi:.2}", r.run)
+                })
+                .collect();
+            outln!("reader p99 by slice, ms: {}", spread.join(", "));
+        }
         outln!("{}", goals.line());
     }
     Ok((live, goals))
