@@ -65,7 +65,7 @@ mod volume;
 pub use backend::UringDevice;
 pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
-    sysfs_limits,
+    aligned_bytes, sysfs_limits,
 };
 pub use device::{
     BlockDevice, BoxFuture, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Zeroes, Zeroing,

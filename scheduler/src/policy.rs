@@ -655,10 +655,17 @@ impl Fair {
     }
 }
 
-/// Bulk pieces while shaping: a quarter of the budget, within the configured bounds.
+/// Bulk pieces while shaping: a quarter of the budget, within the configured bounds, and a
+/// whole number of 4 KiB pages when it is at least one (so the pieces of a page-aligned
+/// buffer stay aligned for `O_DIRECT`, and need no copy).
 fn piece_for(cfg: &FairConfig, budget: u64) -> u64 {
     let lo = cfg.piece_min.max(1);
-    (budget / 4).clamp(lo, cfg.piece_max.max(lo))
+    let p = (budget / 4).clamp(lo, cfg.piece_max.max(lo));
+    if p >= 8 && p / 8 * 8 >= lo {
+        p / 8 * 8
+    } else {
+        p
+    }
 }
 
 impl Policy for Fair {

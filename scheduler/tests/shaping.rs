@@ -116,6 +116,8 @@ fn run(
             if let Event::Shaped(s) = e {
                 prop_assert!((fair.budget_min..=fair.budget_max).contains(&s.budget_sectors));
                 prop_assert!((fair.piece_min..=fair.piece_max).contains(&s.piece_sectors));
+                // Whole 4 KiB pages (the default bounds are): aligned pieces need no copy.
+                prop_assert_eq!(s.piece_sectors % 8, 0);
             }
         }
         // The next thing to happen: a completion, a reader's arrival or the queue's timer.

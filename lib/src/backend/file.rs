@@ -20,6 +20,31 @@ pub(crate) fn read_buffer(len: usize, direct: bool) -> (Vec<u8>, usize) {
     }
 }
 
+/// A copy of `data` in memory aligned for `O_DIRECT` (to 4096 bytes, which every device
+/// accepts): writing it through a file or block device opened with
+/// [`FileOptions::direct`] hands it to the kernel as it is, where a buffer from the heap
+/// (whose large allocations start just past a page boundary) is copied to an aligned one
+/// first, on every write. A load generator or server that writes the same buffer
+/// repeatedly builds it once with this.
+///
+/// ```
+/// let b = tagstripe::aligned_bytes(&[7u8; 8192]);
+/// assert_eq!(b.as_ptr() as usize % 4096, 0);
+/// assert_eq!(&b[..], &[7u8; 8192][..]);
+/// ```
+#[must_use]
+pub fn aligned_bytes(data: &[u8]) -> Bytes {
+    let mut v = Vec::with_capacity(data.len() + DIRECT_ALIGN);
+    let off = (DIRECT_ALIGN - v.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
+    // Only the alignment room is zeroed: the data is copied, not written twice.
+    v.resize(off, 0);
+    v.extend_from_slice(data);
+    // Filled to its capacity, the vector becomes `Bytes` without being reallocated (so
+    // without moving off its alignment).
+    v.resize(v.capacity(), 0);
+    Bytes::from(v).slice(off..off + data.len())
+}
+
 /// Whether `data` must be copied to an aligned buffer before an `O_DIRECT` write.
 pub(crate) fn needs_copy(data: &Bytes, direct: bool) -> bool {
     direct && data.as_ptr() as usize % DIRECT_ALIGN != 0
@@ -245,15 +270,10 @@ impl BlockDevice for FileDevice {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         let offset = start * 512;
-        let direct = needs_copy(&data, self.direct);
+        let copy = needs_copy(&data, self.direct);
         self.blocking("write", start, sectors, move |f| {
-            if direct {
-                let (mut v, off) = aligned(data.len());
-                v[off..off + data.len()].copy_from_slice(&data);
-                f.write_all_at(&v[off..off + data.len()], offset)?;
-            } else {
-                f.write_all_at(&data, offset)?;
-            }
+            let data = if copy { aligned_bytes(&data) } else { data };
+            f.write_all_at(&data, offset)?;
             if opts.fua {
                 f.sync_data()?;
             }
@@ -530,6 +550,26 @@ fn punch_hole(f: &File, offset: u64, len: u64) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn aligned_bytes_are_aligned_copies_of_any_length_and_start() {
+        let src: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for (from, len) in [
+            (0, 0),
+            (1, 1),
+            (3, 511),
+            (17, 4096),
+            (5, 65_537),
+            (100, 69_000),
+        ] {
+            let b = super::aligned_bytes(&src[from..from + len]);
+            assert_eq!(&b[..], &src[from..from + len], "{from} {len}");
+            if len > 0 {
+                assert_eq!(b.as_ptr() as usize % super::DIRECT_ALIGN, 0, "{from} {len}");
+                assert!(!super::needs_copy(&b, true), "{from} {len}");
+            }
+        }
+    }
+
     #[test]
     fn identity_strings_that_are_not_utf8_are_kept_lossily() {
         let p = std::env::temp_dir().join(format!("tagstripe-ident-{}", std::process::id()));

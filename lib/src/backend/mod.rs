@@ -8,7 +8,7 @@ mod sim;
 mod uring;
 
 pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
-pub use file::{FileDevice, FileOptions, sysfs_limits};
+pub use file::{FileDevice, FileOptions, aligned_bytes, sysfs_limits};
 pub use mem::MemDevice;
 pub use sim::SimDevice;
 #[cfg(feature = "uring")]

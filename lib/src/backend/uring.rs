@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::file::{needs_copy, read_buffer};
+use super::file::{aligned_bytes, needs_copy, read_buffer};
 use crate::{BlockDevice, DeviceInfo, Error, FileDevice, FileOptions, IoOpts, Result};
 
 /// A request in the ring: its buffer lives here until its completion is reaped.
@@ -624,9 +624,7 @@ impl BlockDevice for UringDevice {
         let n = ring_len(len).map_err(self.io("write", start, sectors))?;
         // The caller's bytes go to the ring as they are, unless O_DIRECT needs them aligned.
         let data = if needs_copy(&data, self.direct) {
-            let (mut v, off) = read_buffer(len, true);
-            v[off..off + len].copy_from_slice(&data);
-            Bytes::from(v).slice(off..off + len)
+            aligned_bytes(&data)
         } else {
             data
         };
