@@ -1613,16 +1613,20 @@ impl ServerSession {
                         unreachable!("read, write, block status, disc and others are handled above")
                     }
                 };
-                let mut p = pending;
-                p.open = 1;
-                p.next = offset + length;
-                self.requests.insert(req, p);
-                // A flush has no range: whatever the header carried is not passed on.
+                // A flush has no range: whatever the header carried is not passed on (nor
+                // added up: unchecked, its offset and length may overflow).
                 let (o, l) = if kind == OpKind::Flush {
                     (0, 0)
                 } else {
                     (offset, length)
                 };
+                let mut p = pending;
+                p.open = 1;
+                if kind == OpKind::Flush {
+                    p.length = 0;
+                }
+                p.next = p.offset + p.length;
+                self.requests.insert(req, p);
                 let op = self.new_op(req, offset, kind, o, l, flags);
                 self.ready.push_back(op);
             }
@@ -1887,6 +1891,38 @@ mod tests {
             option(&mut o, proto::OPT_STARTTLS, &[]),
             [proto::REP_ERR_UNSUP]
         );
+    }
+
+    /// A flush whose header carries an offset and length that would overflow when added
+    /// (they must be zero, and are not checked for a command without a range) is served,
+    /// with no range passed on: found by the `nbd_server` fuzz target.
+    #[test]
+    fn a_flush_with_garbage_offset_and_length_is_served() {
+        let mut s = session(TlsPolicy::Off);
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()).last(),
+            Some(&proto::REP_ACK)
+        );
+        let r = proto::Request {
+            flags: 0,
+            command: proto::Command::Flush,
+            handle: 9,
+            offset: u64::MAX - 3,
+            length: u32::MAX,
+        };
+        s.receive(&r.encode()).unwrap();
+        let op = s.poll_op().expect("the flush is passed on");
+        assert_eq!(
+            (op.kind.clone(), op.offset, op.length),
+            (OpKind::Flush, 0, 0)
+        );
+        s.complete(op.id, Ok(Outcome::Done));
+        let mut out = Vec::new();
+        while let Some(o) = s.take_output() {
+            out.extend_from_slice(&o);
+        }
+        let reply = proto::SimpleReply::parse(&out).unwrap();
+        assert_eq!((reply.error, reply.handle), (0, 9));
     }
 
     #[test]
