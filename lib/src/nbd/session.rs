@@ -1903,9 +1903,9 @@ mod tests {
             option(&mut s, proto::OPT_GO, &go_data()).last(),
             Some(&proto::REP_ACK)
         );
-        let r = proto::Request {
+        let r = Request {
             flags: 0,
-            command: proto::Command::Flush,
+            command: Command::Flush,
             handle: 9,
             offset: u64::MAX - 3,
             length: u32::MAX,
@@ -1921,7 +1921,7 @@ mod tests {
         while let Some(o) = s.take_output() {
             out.extend_from_slice(&o);
         }
-        let reply = proto::SimpleReply::parse(&out).unwrap();
+        let reply = SimpleReply::parse(&out).unwrap();
         assert_eq!((reply.error, reply.handle), (0, 9));
     }
 
