@@ -661,11 +661,8 @@ impl Fair {
 fn piece_for(cfg: &FairConfig, budget: u64) -> u64 {
     let lo = cfg.piece_min.max(1);
     let p = (budget / 4).clamp(lo, cfg.piece_max.max(lo));
-    if p >= 8 && p / 8 * 8 >= lo {
-        p / 8 * 8
-    } else {
-        p
-    }
+    let pages = p / 8 * 8;
+    if pages >= lo { pages } else { p }
 }
 
 impl Policy for Fair {

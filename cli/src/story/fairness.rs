@@ -106,7 +106,7 @@ pub(super) async fn live_fairness(
             }
             let total = v.info().sectors;
             let trace = (queue && with_bulk).then(|| ShapeTrace::start(v.queues()));
-            let dev: Arc<dyn DynBlockDevice> = Arc::clone(v) as Arc<dyn DynBlockDevice>;
+            let dev: Arc<dyn DynBlockDevice> = v.clone();
             let seed = u64::from(n) << 8;
             let reader = Load {
                 op: Op::RandRead,

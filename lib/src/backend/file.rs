@@ -35,7 +35,7 @@ pub(crate) fn read_buffer(len: usize, direct: bool) -> (Vec<u8>, usize) {
 #[must_use]
 pub fn aligned_bytes(data: &[u8]) -> Bytes {
     let mut v = Vec::with_capacity(data.len() + DIRECT_ALIGN);
-    let off = (DIRECT_ALIGN - v.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
+    let off = align_gap(v.as_ptr());
     // Only the alignment room is zeroed: the data is copied, not written twice.
     v.resize(off, 0);
     v.extend_from_slice(data);
@@ -43,6 +43,11 @@ pub fn aligned_bytes(data: &[u8]) -> Bytes {
     // without moving off its alignment).
     v.resize(v.capacity(), 0);
     Bytes::from(v).slice(off..off + data.len())
+}
+
+/// Bytes from `p` to the next `O_DIRECT`-aligned address (0 if it is aligned).
+pub(crate) fn align_gap(p: *const u8) -> usize {
+    (DIRECT_ALIGN - p as usize % DIRECT_ALIGN) % DIRECT_ALIGN
 }
 
 /// Whether `data` must be copied to an aligned buffer before an `O_DIRECT` write.
@@ -246,7 +251,7 @@ fn open_with(path: &Path, opts: FileOptions) -> Result<(File, String)> {
 /// offset of the aligned part (no `unsafe`: over-allocate and skip to the boundary).
 fn aligned(len: usize) -> (Vec<u8>, usize) {
     let v = vec![0u8; len + DIRECT_ALIGN];
-    let off = (DIRECT_ALIGN - v.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
+    let off = align_gap(v.as_ptr());
     (v, off)
 }
 

@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::file::{aligned_bytes, needs_copy, read_buffer};
+use super::file::{align_gap, aligned_bytes, needs_copy, read_buffer};
 use crate::{BlockDevice, DeviceInfo, Error, FileDevice, FileOptions, IoOpts, Result};
 
 /// A request in the ring: its buffer lives here until its completion is reaped.
@@ -538,7 +538,7 @@ impl UringDevice {
         match found {
             Some(v) => {
                 let off = if self.direct {
-                    (4096 - v.as_ptr() as usize % 4096) % 4096
+                    align_gap(v.as_ptr())
                 } else {
                     0
                 };

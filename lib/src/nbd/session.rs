@@ -1622,10 +1622,8 @@ impl ServerSession {
                 };
                 let mut p = pending;
                 p.open = 1;
-                if kind == OpKind::Flush {
-                    p.length = 0;
-                }
-                p.next = p.offset + p.length;
+                p.length = l;
+                p.next = p.offset + l;
                 self.requests.insert(req, p);
                 let op = self.new_op(req, offset, kind, o, l, flags);
                 self.ready.push_back(op);
@@ -1895,7 +1893,7 @@ mod tests {
 
     /// A flush whose header carries an offset and length that would overflow when added
     /// (they must be zero, and are not checked for a command without a range) is served,
-    /// with no range passed on: found by the `nbd_server` fuzz target.
+    /// with no range passed on: found by the `nbd_tls` fuzz target.
     #[test]
     fn a_flush_with_garbage_offset_and_length_is_served() {
         let mut s = session(TlsPolicy::Off);
