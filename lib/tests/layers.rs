@@ -522,3 +522,53 @@ fn component_errors_name_both_sectors() {
         assert!(io.to_string().contains("component 1"), "{io}");
     });
 }
+
+/// A request's pieces that are contiguous on one component go to it as one command (a
+/// single-component or concatenated volume), as the Linux block layer merges adjacent bios;
+/// pieces on different components (or not adjacent on one) stay apart. The data is the same
+/// either way.
+#[test]
+fn contiguous_pieces_go_to_a_component_as_one_command() {
+    rt().block_on(async {
+        let ops = |v: &Volume| -> Vec<(u64, u64)> {
+            v.component_stats()
+                .iter()
+                .map(|s| {
+                    let s = s.snapshot();
+                    (s.reads, s.writes)
+                })
+                .collect()
+        };
+        let data: Vec<u8> = (0..2048 * 512).map(|i| (i % 251) as u8).collect();
+        // One component, 16-sector interleave: 1 MiB is 128 interleave units, one command.
+        let one = Volume::builder(mem(1, 8192))
+            .interleave(16)
+            .build()
+            .unwrap();
+        one.write(100, Bytes::from(data.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(one.read(100, 2048, IoOpts::new()).await.unwrap(), data);
+        let mut buf = vec![0u8; data.len()];
+        one.read_into(100, &mut buf, IoOpts::new()).await.unwrap();
+        assert_eq!(buf, data);
+        assert_eq!(ops(&one), [(2, 1)]);
+        // Concatenated: one command on each component the range touches.
+        let cat = Volume::builder(mem(2, 4096)).interleave(0).build().unwrap();
+        cat.write(3072, Bytes::from(data.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(cat.read(3072, 2048, IoOpts::new()).await.unwrap(), data);
+        assert_eq!(ops(&cat), [(1, 1), (1, 1)]);
+        // Striped over two: units alternate, so none are adjacent in the request.
+        let two = Volume::builder(mem(2, 4096))
+            .interleave(16)
+            .build()
+            .unwrap();
+        two.write(0, Bytes::from(data.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(two.read(0, 2048, IoOpts::new()).await.unwrap(), data);
+        assert_eq!(ops(&two), [(64, 64), (64, 64)]);
+    });
+}

@@ -343,8 +343,11 @@ impl Striped {
         }
     }
 
+    /// The pieces of a volume range, those contiguous on one component merged into one
+    /// command (a single-component or concatenated volume sends a large request as one, as
+    /// the Linux block layer merges adjacent bios).
     fn pieces(&self, start: u64, sectors: u64) -> Result<Vec<Piece>> {
-        Ok(self.geometry.map(start, sectors)?.collect())
+        Ok(self.geometry.map(start, sectors)?.merged().collect())
     }
 
     async fn read_piece(&self, p: Piece, opts: IoOpts) -> Result<Bytes> {
@@ -401,7 +404,7 @@ impl BlockDevice for Striped {
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let first = self.geometry.map(start, sectors)?.next();
+        let first = self.geometry.map(start, sectors)?.merged().next();
         if let Some(p) = first.filter(|p| p.count == sectors) {
             // One piece: the component's bytes as they come, no copy here.
             return self.read_piece(p, opts).await;
@@ -415,7 +418,7 @@ impl BlockDevice for Striped {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
-        let mut pieces = self.geometry.map(start, sectors)?;
+        let mut pieces = self.geometry.map(start, sectors)?.merged();
         if let Some(p) = pieces.clone().next().filter(|p| p.count == sectors) {
             // One piece (the common small request): no gathering at all.
             return self.read_piece_into(p, buf, opts).await;
