@@ -9,7 +9,7 @@ use tagstripe_scheduler::{
     Dir, Event, Fair, FairConfig, IoClass, Meta, Outcome, Policy, QueueConfig, Shape, Tag, TagKind,
     TagQueue,
 };
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
 use tokio::time::Instant;
 
 use crate::stats::{OpKind, Stats};
@@ -39,6 +39,69 @@ impl Drop for Grant {
             pump(&inner, &mut g);
         }
     }
+}
+
+/// Admission to a queue's host queue, which holds at most `max_pending` requests: a request
+/// that finds it full waits here for room (as a Linux submitter sleeps for a free request)
+/// instead of failing. A 1 MiB write to a device that takes 4 KiB at a time is 256 requests
+/// here, so a few writers fill it.
+///
+/// Requests of every class but interactive may hold at most three quarters of the room
+/// between them (as Linux's Kyber keeps async requests to 75% of its tags,
+/// `KYBER_ASYNC_PERCENT` in block/kyber-iosched.c), and they wait for that share before
+/// they wait for room: an interactive request finds room at once, and never queues behind
+/// a backlog of bulk submitters.
+#[derive(Debug)]
+struct Admission {
+    /// Room for every request admitted and not yet finished.
+    all: Semaphore,
+    /// The share of `all` that requests of classes other than interactive may hold.
+    lower: Semaphore,
+}
+
+impl Admission {
+    fn new(max_pending: usize) -> Self {
+        let room = max_pending.clamp(4, Semaphore::MAX_PERMITS);
+        Self {
+            all: Semaphore::new(room),
+            lower: Semaphore::new(room / 4 * 3),
+        }
+    }
+
+    /// Room for one request of `class`, held until the request has finished; `None` if the
+    /// request had to wait for it (the caller then counts its latency from before).
+    fn try_enter(&self, class: IoClass) -> Option<Admitted<'_>> {
+        let lower = if class == IoClass::Interactive {
+            None
+        } else {
+            Some(self.lower.try_acquire().ok()?)
+        };
+        let all = self.all.try_acquire().ok()?;
+        Some(Admitted {
+            _lower: lower,
+            _all: all,
+        })
+    }
+
+    /// Waits for room for one request of `class`.
+    async fn enter(&self, class: IoClass) -> Option<Admitted<'_>> {
+        let lower = if class == IoClass::Interactive {
+            None
+        } else {
+            Some(self.lower.acquire().await.ok()?)
+        };
+        let all = self.all.acquire().await.ok()?;
+        Some(Admitted {
+            _lower: lower,
+            _all: all,
+        })
+    }
+}
+
+/// A request's room in the host queue, given back when dropped.
+struct Admitted<'a> {
+    _lower: Option<SemaphorePermit<'a>>,
+    _all: SemaphorePermit<'a>,
 }
 
 /// Who to tell when a request gets its tag: nobody yet (the submitter is still holding the
@@ -200,6 +263,8 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
 pub struct Queue<D> {
     dev: D,
     inner: Arc<Mutex<Inner>>,
+    /// Room in the host queue, shared by the queues of one pool.
+    admission: Arc<Admission>,
     stats: Arc<Stats>,
     /// Per class, whether the policy may cut its requests into pieces.
     cuts: [bool; 4],
@@ -213,10 +278,11 @@ impl<D: BlockDevice> Queue<D> {
 
     /// A queue with another policy.
     pub fn with_policy(dev: D, policy: Box<dyn Policy + Send>) -> Self {
-        let (inner, cuts) = pool(&[dev.info()], policy);
+        let (inner, admission, cuts) = pool(&[dev.info()], policy);
         Self {
             cuts,
             inner,
+            admission,
             dev,
             stats: Arc::new(Stats::default()),
         }
@@ -250,11 +316,12 @@ impl<D: BlockDevice> Queue<D> {
             return Vec::new();
         }
         let infos: Vec<&DeviceInfo> = devs.iter().map(BlockDevice::info).collect();
-        let (inner, cuts) = pool(&infos, policy);
+        let (inner, admission, cuts) = pool(&infos, policy);
         devs.into_iter()
             .map(|dev| Self {
                 cuts,
                 inner: Arc::clone(&inner),
+                admission: Arc::clone(&admission),
                 dev,
                 stats: Arc::new(Stats::default()),
             })
@@ -291,11 +358,28 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
+    /// Room in the host queue for a request of `class`: a full queue is waited for, never
+    /// an error. A request that had to wait gets the time it began waiting (the queue's
+    /// clock), to count its latency from.
+    async fn admit(&self, class: IoClass) -> Result<(Admitted<'_>, Option<u64>)> {
+        if let Some(a) = self.admission.try_enter(class) {
+            return Ok((a, None));
+        }
+        let from = self.inner.lock().now();
+        match self.admission.enter(class).await {
+            Some(a) => Ok((a, Some(from))),
+            None => Err(Error::Closed {
+                device: self.dev.info().name.clone(),
+            }),
+        }
+    }
+
     /// Queues a request with this metadata: either it is dispatched at once (the common
     /// case with free openings: no channel at all) or it waits on a channel for its grant.
     fn acquire(&self, meta: Meta) -> Result<(Acquired, u64)> {
         let mut g = self.inner.lock();
         let now = g.now();
+        // Admission keeps the host queue from filling, so a refusal here is not expected.
         let ticket =
             g.q.submit(now, Waiter::Inline, meta)
                 .map_err(|_| Error::QueueFull {
@@ -419,8 +503,10 @@ impl<D: BlockDevice> Queue<D> {
         F: Fn(TagKind) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
+        let (admitted, waited_from) = self.admit(opts.class).await?;
         // Times come from the queue's clock, read under its lock anyway.
         let (mut acq, started) = self.acquire(Self::meta(op, opts, bytes / 512))?;
+        let started = waited_from.unwrap_or(started);
         let counted = self.stats.begin();
         let mut ended = started;
         let result = loop {
@@ -436,6 +522,7 @@ impl<D: BlockDevice> Queue<D> {
                 None => break res,
             }
         };
+        drop(admitted);
         let took = Duration::from_nanos(ended.saturating_sub(started));
         slow(self.dev.info(), op, took);
         counted.end(op, opts.class, bytes, took, result.is_ok());
@@ -445,7 +532,10 @@ impl<D: BlockDevice> Queue<D> {
 
 /// One tag pool and policy for devices `infos` (at least one): their tags summed (at most
 /// 1,024), the largest of their minimums; named after them all.
-fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inner>>, [bool; 4]) {
+fn pool(
+    infos: &[&DeviceInfo],
+    policy: Box<dyn Policy + Send>,
+) -> (Arc<Mutex<Inner>>, Arc<Admission>, [bool; 4]) {
     let max_tags = infos
         .iter()
         .map(|i| u64::from(i.limits.max_tags.max(1)))
@@ -464,6 +554,7 @@ fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inn
     };
     let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
     let cuts = IoClass::ALL.map(|c| policy.limits_pieces(c));
+    let admission = Arc::new(Admission::new(cfg.max_pending));
     let inner = Arc::new(Mutex::new(Inner {
         name: names.join(", "),
         q: TagQueue::new(cfg, policy),
@@ -471,7 +562,7 @@ fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inn
         timer_at: None,
         events: broadcast::channel(EVENTS).0,
     }));
-    (inner, cuts)
+    (inner, admission, cuts)
 }
 
 /// Requests slower than this are reported (`tracing` warning).
@@ -581,7 +672,9 @@ impl<D: BlockDevice> Queue<D> {
     /// One read through the queue, whole.
     async fn read_piece(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = buf.len() as u64 / 512;
+        let (admitted, waited_from) = self.admit(opts.class).await?;
         let (mut acq, started) = self.acquire(Self::meta(OpKind::Read, opts, sectors))?;
+        let started = waited_from.unwrap_or(started);
         let counted = self.stats.begin();
         let mut ended = started;
         let result = loop {
@@ -597,6 +690,7 @@ impl<D: BlockDevice> Queue<D> {
                 None => break res,
             }
         };
+        drop(admitted);
         let bytes = buf.len() as u64;
         let took = Duration::from_nanos(ended.saturating_sub(started));
         counted.end(OpKind::Read, opts.class, bytes, took, result.is_ok());
