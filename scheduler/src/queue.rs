@@ -15,7 +15,9 @@ pub struct QueueConfig {
     pub max_tags: u32,
     /// Openings never shrink below this after QUEUE FULL (CAM's mintags).
     pub min_tags: u32,
-    /// Most requests waiting in the host queue; further submits are refused.
+    /// Most requests waiting in the host queue; further submits are refused
+    /// ([`Refusal::Full`]), and the caller decides what that means: the `tagstripe` crate's
+    /// `Queue` layer never lets it happen, its submitters wait for room instead.
     pub max_pending: usize,
     /// After this long without QUEUE FULL, each completion may raise the openings by one.
     pub ramp_quiet: Nanos,
