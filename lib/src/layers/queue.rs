@@ -246,7 +246,10 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
 /// Puts a device behind a CAM-like tagged queue: each request (each piece, under a
 /// [`crate::Split`]) waits for a tag opening and the policy's turn, QUEUE FULL and BUSY from
 /// the device are retried as the queue decides, and the tag kind the policy chose (a
-/// barrier, head-of-queue) reaches the device in [`IoOpts::kind`].
+/// barrier, head-of-queue) reaches the device in [`IoOpts::kind`]. The host queue holds at
+/// most 4,096 requests; a request that finds it full waits for room and is never refused,
+/// and requests of classes other than interactive fill at most three quarters of it, so an
+/// interactive request always finds room at once.
 ///
 /// ```
 /// use bytes::Bytes;
