@@ -936,6 +936,17 @@ impl BlockDevice for Volume {
         .await
     }
 
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let bytes = parts.iter().map(|p| p.len() as u64).sum();
+        self.timed(
+            OpKind::Write,
+            opts.class,
+            bytes,
+            self.striped.write_vectored(start, parts, opts),
+        )
+        .await
+    }
+
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         self.timed(OpKind::Flush, opts.class, 0, self.striped.flush(opts))
             .await

@@ -328,3 +328,96 @@ fn direct_writes_from_aligned_and_unaligned_buffers() {
     });
     std::fs::remove_file(&path).unwrap();
 }
+
+/// Gathered writes (`IORING_OP_WRITEV`): buffered, O_DIRECT with aligned parts (sent as
+/// they are) and with unaligned ones (gathered into one aligned buffer first), more parts
+/// than one command takes (1,024), and FUA; each reads back as the parts one after the
+/// other, and the sectors around it are untouched.
+#[test]
+fn uring_gathered_writes_land_in_order() {
+    let path = std::env::temp_dir().join(format!("tagstripe-writev-{}.img", std::process::id()));
+    drop(FileDevice::create(&path, 16384, FileOptions::default()).unwrap());
+    let pattern: Vec<u8> = (0..1_200_000u32).map(|i| (i * 13 + 5) as u8).collect();
+    let whole = Bytes::from(pattern.clone());
+    for direct in [false, true] {
+        let Some(dev) = open(&path, direct) else {
+            std::fs::remove_file(&path).unwrap();
+            return;
+        };
+        rt().block_on(async {
+            let aligned = tagstripe::aligned_bytes(&pattern[..1 << 20]);
+            // (parts, FUA): 4 aligned units of 64 KiB; unaligned parts of odd sizes;
+            // 1,500 parts of one sector (two commands).
+            let cases: Vec<(Vec<Bytes>, bool)> = vec![
+                (
+                    (0..4)
+                        .map(|i| aligned.slice(i * 65_536..(i + 1) * 65_536))
+                        .collect(),
+                    false,
+                ),
+                (
+                    vec![
+                        whole.slice(1..1025),
+                        whole.slice(7..3079),
+                        whole.slice(100..612),
+                    ],
+                    true,
+                ),
+                (
+                    (0..1500)
+                        .map(|i| whole.slice(i * 512..(i + 1) * 512))
+                        .collect(),
+                    false,
+                ),
+            ];
+            for (k, (parts, fua)) in cases.into_iter().enumerate() {
+                let start = 4096 * k as u64 + 8;
+                let want: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+                let sectors = want.len() as u64 / 512;
+                dev.write_zeroes(
+                    start - 8,
+                    sectors + 16,
+                    tagstripe::Zeroes::new(),
+                    IoOpts::new(),
+                )
+                .await
+                .unwrap();
+                dev.write_vectored(start, parts, IoOpts::new().fua(fua))
+                    .await
+                    .unwrap();
+                let back = dev
+                    .read(start - 8, sectors + 16, IoOpts::new())
+                    .await
+                    .unwrap();
+                assert!(back[..4096].iter().all(|&b| b == 0), "case {k}: before it");
+                assert_eq!(
+                    &back[4096..4096 + want.len()],
+                    &want[..],
+                    "case {k}, direct {direct}"
+                );
+                assert!(
+                    back[4096 + want.len()..].iter().all(|&b| b == 0),
+                    "case {k}: after it"
+                );
+            }
+            // Refused whole: a part that is not whole sectors, and a write past the end.
+            let bad = dev
+                .write_vectored(
+                    0,
+                    vec![whole.slice(..512), whole.slice(..100)],
+                    IoOpts::new(),
+                )
+                .await;
+            assert!(bad.is_err(), "a part of 100 bytes is refused");
+            let past = dev
+                .write_vectored(
+                    16383,
+                    vec![whole.slice(..512), whole.slice(..512)],
+                    IoOpts::new(),
+                )
+                .await;
+            assert!(matches!(past, Err(Error::OutOfRange { .. })), "{past:?}");
+        });
+    }
+    std::fs::remove_file(&path).unwrap();
+}

@@ -34,10 +34,29 @@ enum InFlight {
         len: usize,
         reply: oneshot::Sender<io::Result<()>>,
     },
+    /// A gathered write: its parts, and the `iovec`s the kernel reads them through.
+    Writev {
+        _parts: Vec<Bytes>,
+        _iov: Iovecs,
+        len: usize,
+        reply: oneshot::Sender<io::Result<()>>,
+    },
     Other {
         reply: oneshot::Sender<io::Result<()>>,
     },
 }
+
+/// The `iovec`s of a gathered write, each pointing into one of the parts kept beside them.
+struct Iovecs(Vec<libc::iovec>);
+
+// SAFETY: the pointers are only addresses of the heap bytes of `Bytes` held in the same
+// `InFlight::Writev` (which are `Send + Sync`); nothing here dereferences them, the kernel
+// reads through them while the entry is in the ring. Exercised by the gathered-write tests.
+unsafe impl Send for Iovecs {}
+
+/// The most parts one `IORING_OP_WRITEV` takes (Linux's `UIO_MAXIOV`); a write of more is
+/// sent as several.
+const IOV_MAX: usize = 1024;
 
 struct Ring {
     ring: IoUring,
@@ -247,7 +266,7 @@ fn answer(st: &mut Ring, done: Vec<(u64, i32)>) {
                 };
                 let _ = reply.send(r);
             }
-            InFlight::Write { len, reply, .. } => {
+            InFlight::Write { len, reply, .. } | InFlight::Writev { len, reply, .. } => {
                 let r = if n == len {
                     Ok(())
                 } else {
@@ -267,7 +286,9 @@ fn fail(state: InFlight, e: io::Error) {
         InFlight::Read { reply, .. } => {
             let _ = reply.send(Err(e));
         }
-        InFlight::Write { reply, .. } | InFlight::Other { reply } => {
+        InFlight::Write { reply, .. }
+        | InFlight::Writev { reply, .. }
+        | InFlight::Other { reply } => {
             let _ = reply.send(Err(e));
         }
     }
@@ -524,6 +545,52 @@ impl UringDevice {
         n >= 0 && n as usize == data.len()
     }
 
+    /// One `IORING_OP_WRITEV` of `parts` (at most [`IOV_MAX`], checked, aligned if
+    /// O_DIRECT) from sector `start`.
+    async fn writev(&self, start: u64, parts: Vec<Bytes>) -> Result<()> {
+        let len: usize = parts.iter().map(Bytes::len).sum();
+        let sectors = len as u64 / 512;
+        let iov = Iovecs(
+            parts
+                .iter()
+                .map(|p| libc::iovec {
+                    iov_base: p.as_ptr().cast_mut().cast(),
+                    iov_len: p.len(),
+                })
+                .collect(),
+        );
+        let fd = types::Fd(self.shared.file.as_raw_fd());
+        // At most IOV_MAX (1,024) parts: the count fits.
+        let e = opcode::Writev::new(fd, iov.0.as_ptr(), iov.0.len() as u32)
+            .offset(start * 512)
+            .build();
+        let (reply, rx) = oneshot::channel();
+        self.submit(
+            e,
+            InFlight::Writev {
+                _parts: parts,
+                _iov: iov,
+                len,
+                reply,
+            },
+        )
+        .map_err(self.io("write", start, sectors))?;
+        rx.await
+            .map_err(|_| self.closed())?
+            .map_err(self.io("write", start, sectors))
+    }
+
+    /// Writes `parts` one after the other from sector `start` on this thread if the file
+    /// lives in memory (as [`write_inline`](Self::write_inline) each); false if not all done.
+    fn writev_inline(&self, parts: &[Bytes], start: u64) -> bool {
+        let mut at = start * 512;
+        parts.iter().all(|p| {
+            let ok = self.write_inline(p, at);
+            at += p.len() as u64;
+            ok
+        })
+    }
+
     /// A buffer of at least `len` bytes (plus alignment room for O_DIRECT) and the offset
     /// where the data goes.
     fn pooled(&self, len: usize) -> (Vec<u8>, usize) {
@@ -646,6 +713,40 @@ impl BlockDevice for UringDevice {
             rx.await
                 .map_err(|_| self.closed())?
                 .map_err(self.io("write", start, sectors))?;
+        }
+        if opts.fua {
+            self.fsync("write", start, sectors).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_vectored(&self, start: u64, mut parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::check_parts(&self.info, start, &parts)?;
+        if parts.len() <= 1 {
+            let data = parts.pop().unwrap_or_default();
+            return self.write(start, data, opts).await;
+        }
+        let lbs = self.info.limits.logical_block_size as usize;
+        if self.direct
+            && parts
+                .iter()
+                .any(|p| needs_copy(p, true) || p.len() % lbs.max(1) != 0)
+        {
+            // O_DIRECT takes each part aligned: gather them into one aligned buffer.
+            let mut all = Vec::with_capacity(sectors as usize * 512);
+            for p in &parts {
+                all.extend_from_slice(p);
+            }
+            return self.write(start, aligned_bytes(&all), opts).await;
+        }
+        if !self.writev_inline(&parts, start) {
+            let mut at = start;
+            let writes = parts.chunks(IOV_MAX).map(|c| {
+                let here = at;
+                at += c.iter().map(|p| p.len() as u64).sum::<u64>() / 512;
+                self.writev(here, c.to_vec())
+            });
+            crate::layers::all(writes).await?;
         }
         if opts.fua {
             self.fsync("write", start, sectors).await?;

@@ -67,6 +67,9 @@ impl BlockDevice for Component {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         each!(self, d => d.write(start, data, opts))
     }
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        each!(self, d => d.write_vectored(start, parts, opts))
+    }
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         each!(self, d => d.flush(opts))
     }

@@ -622,17 +622,13 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        let sectors = self.dev.info().check_write(start, data.len())?;
-        if let Some(piece) = self.pieces(OpKind::Write, opts, sectors) {
-            let step = piece as usize * 512;
-            let writes = (0..data.len()).step_by(step).map(|off| {
-                let part = data.slice(off..(off + step).min(data.len()));
-                self.write_piece(start + off as u64 / 512, part, opts)
-            });
-            super::all(writes).await?;
-            return Ok(());
-        }
-        self.write_piece(start, data, opts).await
+        self.dev.info().check_write(start, data.len())?;
+        self.write_parts(start, vec![data], opts).await
+    }
+
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        crate::device::check_parts(self.dev.info(), start, &parts)?;
+        self.write_parts(start, parts, opts).await
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
@@ -700,11 +696,38 @@ impl<D: BlockDevice> Queue<D> {
         result
     }
 
-    /// One write through the queue, whole.
-    async fn write_piece(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        let bytes = data.len() as u64;
+    /// A write of `parts` (checked), one after the other: one command, or pieces of the size
+    /// the policy wants now, each queued on its own.
+    async fn write_parts(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let len: usize = parts.iter().map(Bytes::len).sum();
+        if let Some(piece) = self.pieces(OpKind::Write, opts, len as u64 / 512) {
+            let step = piece as usize * 512;
+            let writes = (0..len).step_by(step).map(|off| {
+                let part = crate::device::slice_parts(&parts, off, step.min(len - off));
+                self.write_piece(start + off as u64 / 512, part, opts)
+            });
+            super::all(writes).await?;
+            return Ok(());
+        }
+        self.write_piece(start, parts, opts).await
+    }
+
+    /// One write through the queue, whole: one command at the device (gathered if it is of
+    /// several parts).
+    async fn write_piece(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let bytes = parts.iter().map(|p| p.len() as u64).sum();
         self.run(OpKind::Write, bytes, opts, |k| {
-            self.dev.write(start, data.clone(), with_kind(opts, k))
+            let parts = parts.clone();
+            async move {
+                match <[Bytes; 1]>::try_from(parts) {
+                    Ok([data]) => self.dev.write(start, data, with_kind(opts, k)).await,
+                    Err(parts) => {
+                        self.dev
+                            .write_vectored(start, parts, with_kind(opts, k))
+                            .await
+                    }
+                }
+            }
         })
         .await
     }

@@ -46,6 +46,9 @@ impl BlockDevice for Slot {
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         self.get().write(start, data, opts).await
     }
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        self.get().write_vectored(start, parts, opts).await
+    }
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         self.get().flush(opts).await
     }

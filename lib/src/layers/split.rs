@@ -61,6 +61,38 @@ impl<D: BlockDevice> Split<D> {
     pub fn inner(&self) -> &D {
         &self.dev
     }
+
+    /// A write of `parts` (checked: `sectors` long) cut by the limits; each piece goes as
+    /// one command, gathered if it spans several parts.
+    async fn write_parts(
+        &self,
+        start: u64,
+        sectors: u64,
+        parts: Vec<Bytes>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let pieces = self.splitter.split(Op::Write, start, sectors)?;
+        // The write cache off: every write durable as it completes. FUA forbidden: the
+        // write without it, then a flush.
+        let durable = opts.fua || self.force_fua;
+        let fua = durable && self.info.caps.fua;
+        let parts = &parts;
+        let writes = pieces.map(|p| async move {
+            let off = ((p.start - start) * 512) as usize;
+            let mut part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
+            if part.len() == 1 {
+                let data = part.pop().unwrap_or_default();
+                self.dev.write(p.start, data, opts.fua(fua)).await
+            } else {
+                self.dev.write_vectored(p.start, part, opts.fua(fua)).await
+            }
+        });
+        super::all(writes).await?;
+        if durable && !fua {
+            self.dev.flush(opts.fua(false)).await?;
+        }
+        Ok(())
+    }
 }
 
 impl<D: BlockDevice> BlockDevice for Split<D> {
@@ -101,21 +133,12 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let pieces = self.splitter.split(Op::Write, start, sectors)?;
-        // The write cache off: every write durable as it completes. FUA forbidden: the
-        // write without it, then a flush.
-        let durable = opts.fua || self.force_fua;
-        let fua = durable && self.info.caps.fua;
-        let writes = pieces.map(|p| {
-            let off = ((p.start - start) * 512) as usize;
-            let part = data.slice(off..off + p.sectors as usize * 512);
-            self.dev.write(p.start, part, opts.fua(fua))
-        });
-        super::all(writes).await?;
-        if durable && !fua {
-            self.dev.flush(opts.fua(false)).await?;
-        }
-        Ok(())
+        self.write_parts(start, sectors, vec![data], opts).await
+    }
+
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::check_parts(&self.info, start, &parts)?;
+        self.write_parts(start, sectors, parts, opts).await
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {

@@ -350,6 +350,47 @@ impl Striped {
         Ok(self.geometry.map(start, sectors)?.merged().collect())
     }
 
+    /// A write of `parts` (checked: `sectors` long) at volume sector `start`: the pieces that
+    /// lie back to back on one component go to it as one gathered command.
+    async fn write_parts(
+        &self,
+        start: u64,
+        sectors: u64,
+        parts: Vec<Bytes>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let pieces = self.pieces(start, sectors)?;
+        let _intent = self.intent(&pieces).await?;
+        let (parts, all_pieces) = (&parts, &pieces);
+        let writes = gather(&pieces)
+            .into_iter()
+            .map(|(run, members)| async move {
+                let mut data = Vec::with_capacity(members.len());
+                for p in members.iter().map(|&m| &all_pieces[m]) {
+                    let off = ((p.lblk - start) * 512) as usize;
+                    data.extend(crate::device::slice_parts(
+                        parts,
+                        off,
+                        p.count as usize * 512,
+                    ));
+                }
+                let data = &data;
+                self.on_sides(&run, move |c| async move {
+                    match data.as_slice() {
+                        [one] => self.components[c].write(run.cblk, one.clone(), opts).await,
+                        many => {
+                            self.components[c]
+                                .write_vectored(run.cblk, many.to_vec(), opts)
+                                .await
+                        }
+                    }
+                })
+                .await
+            });
+        super::all(writes).await?;
+        Ok(())
+    }
+
     async fn read_piece(&self, p: Piece, opts: IoOpts) -> Result<Bytes> {
         let (first, other) = self.sides(&p);
         match self.components[first].read(p.cblk, p.count, opts).await {
@@ -383,6 +424,38 @@ impl Striped {
             }
         }
     }
+}
+
+/// The runs of `pieces` (in volume order) that lie back to back on one component (and its
+/// mirror): each run as one piece (its volume sector the first member's) and the indices of
+/// its members in `pieces`. A striped request's units on one component are contiguous there,
+/// so each component gets one command (the block layer's plug merging, done before
+/// issuing). Members of a run are consecutive on the component, so they are every
+/// `components`-th piece: a run is closed as soon as a piece of its component does not
+/// continue it.
+fn gather(pieces: &[Piece]) -> Vec<(Piece, Vec<usize>)> {
+    // Open runs, one a component at most: (run, its member indices).
+    let mut open: Vec<(Piece, Vec<usize>)> = Vec::new();
+    let mut done: Vec<(Piece, Vec<usize>)> = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        match open
+            .iter_mut()
+            .position(|(r, _)| r.component == p.component && r.mirror == p.mirror)
+        {
+            Some(at) if open[at].0.cblk + open[at].0.count == p.cblk => {
+                open[at].0.count += p.count;
+                open[at].1.push(i);
+            }
+            Some(at) => {
+                let closed = open.swap_remove(at);
+                done.push(closed);
+                open.push((*p, vec![i]));
+            }
+            None => open.push((*p, vec![i])),
+        }
+    }
+    done.extend(open);
+    done
 }
 
 /// `e` from component `i`, for a piece at `volume_sector` (if of one piece).
@@ -436,18 +509,12 @@ impl BlockDevice for Striped {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let pieces = self.pieces(start, sectors)?;
-        let _intent = self.intent(&pieces).await?;
-        let writes = pieces.iter().map(|p| {
-            let off = ((p.lblk - start) * 512) as usize;
-            let part = data.slice(off..off + p.count as usize * 512);
-            self.on_sides(p, move |c| {
-                let part = part.clone();
-                async move { self.components[c].write(p.cblk, part, opts).await }
-            })
-        });
-        super::all(writes).await?;
-        Ok(())
+        self.write_parts(start, sectors, vec![data], opts).await
+    }
+
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::check_parts(&self.info, start, &parts)?;
+        self.write_parts(start, sectors, parts, opts).await
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
@@ -553,5 +620,52 @@ impl Striped {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(g: &Geometry, start: u64, sectors: u64) -> Vec<(usize, u64, u64, Vec<u64>)> {
+        let pieces: Vec<Piece> = g.map(start, sectors).unwrap().merged().collect();
+        gather(&pieces)
+            .into_iter()
+            .map(|(r, m)| {
+                let lblks = m.iter().map(|&i| pieces[i].lblk).collect();
+                (r.component, r.cblk, r.count, lblks)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gather_joins_the_units_back_to_back_on_each_component() {
+        // Two components of different sizes, interleave 4: rows of 8 sectors while both
+        // last, then the larger one alone (one piece a request there, merged already).
+        let g = Geometry::builder([16, 40], 4)
+            .no_offset(true)
+            .build()
+            .unwrap();
+        let mut got = runs(&g, 2, 20);
+        got.sort();
+        assert_eq!(
+            got,
+            [(0, 2, 10, vec![2, 8, 16]), (1, 0, 10, vec![4, 12, 20])],
+            "units 2..22: component 0 gets 2..4, 4..8, 8..12 of its own"
+        );
+        // A mirror: the pieces' partners ride along; each side gets one run.
+        let m = Geometry::builder([32; 4], 4)
+            .flavor(tagstripe_striping::Flavor::FreeBsd)
+            .no_offset(true)
+            .mirror(true)
+            .build()
+            .unwrap();
+        let pieces: Vec<Piece> = m.map(0, 32).unwrap().merged().collect();
+        let got = gather(&pieces);
+        assert_eq!(got.len(), 2);
+        for (run, members) in got {
+            assert_eq!((run.cblk, run.count, members.len()), (0, 16, 4));
+            assert!(run.mirror.is_some());
+        }
     }
 }
