@@ -329,7 +329,8 @@ fn direct_writes_from_aligned_and_unaligned_buffers() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// Gathered writes (`IORING_OP_WRITEV`): buffered, O_DIRECT with aligned parts (sent as
+/// Gathered writes (`IORING_OP_WRITEV`; the file backend's one trip to its thread pool):
+/// buffered, O_DIRECT with aligned parts (sent as
 /// they are) and with unaligned ones (gathered into one aligned buffer first), more parts
 /// than one command takes (1,024), and FUA; each reads back as the parts one after the
 /// other, and the sectors around it are untouched.
@@ -339,10 +340,19 @@ fn uring_gathered_writes_land_in_order() {
     drop(FileDevice::create(&path, 16384, FileOptions::default()).unwrap());
     let pattern: Vec<u8> = (0..1_200_000u32).map(|i| (i * 13 + 5) as u8).collect();
     let whole = Bytes::from(pattern.clone());
-    for direct in [false, true] {
-        let Some(dev) = open(&path, direct) else {
-            std::fs::remove_file(&path).unwrap();
-            return;
+    for (direct, uring) in [(false, true), (true, true), (false, false), (true, false)] {
+        let dev: Arc<dyn DynBlockDevice> = if uring {
+            let Some(dev) = open(&path, direct) else {
+                std::fs::remove_file(&path).unwrap();
+                return;
+            };
+            Arc::new(dev)
+        } else {
+            let opts = FileOptions {
+                direct,
+                ..FileOptions::default()
+            };
+            Arc::new(FileDevice::open(&path, opts).unwrap())
         };
         rt().block_on(async {
             let aligned = tagstripe::aligned_bytes(&pattern[..1 << 20]);

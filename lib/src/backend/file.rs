@@ -287,6 +287,30 @@ impl BlockDevice for FileDevice {
         .await
     }
 
+    /// One trip to the blocking pool for all the parts (written one after the other).
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::check_parts(&self.info, start, &parts)?;
+        let direct = self.direct;
+        self.blocking("write", start, sectors, move |f| {
+            let mut offset = start * 512;
+            for data in parts {
+                let len = data.len() as u64;
+                let data = if needs_copy(&data, direct) {
+                    aligned_bytes(&data)
+                } else {
+                    data
+                };
+                f.write_all_at(&data, offset)?;
+                offset += len;
+            }
+            if opts.fua {
+                f.sync_data()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn flush(&self, _opts: IoOpts) -> Result<()> {
         if self.info.read_only {
             return Err(Error::ReadOnly {
