@@ -384,6 +384,51 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         }
     }
 
+    /// Reads the run of sectors from `start` into `bufs`, one after the other: a scattered
+    /// read (`preadv`), each buffer whole sectors. A striped volume reads the interleave units
+    /// of a request that lie back to back on one component this way: one command a
+    /// component, not one a unit. The default reads the run as one request
+    /// ([`read`](Self::read)) and copies it into the buffers, as `read_into`'s default copies.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// d.write(0, Bytes::from((0..8u8).flat_map(|i| [i; 512]).collect::<Vec<u8>>()), IoOpts::new()).await?;
+    /// let (mut a, mut b) = (vec![0u8; 1024], vec![0u8; 512]);
+    /// d.read_vectored_into(5, vec![&mut a, &mut b], IoOpts::new()).await?;
+    /// assert_eq!((a[0], a[600], b[0]), (5, 6, 7));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            for b in &bufs {
+                sectors_of(self.info(), b.len())?;
+            }
+            let len: usize = bufs.iter().map(|b| b.len()).sum();
+            let sectors = sectors_of(self.info(), len)?;
+            self.info().check(start, sectors)?;
+            let data = self.read(start, sectors, opts).await?;
+            let mut at = 0;
+            for b in bufs {
+                let n = b.len();
+                b.copy_from_slice(data.get(at..at + n).ok_or_else(|| Error::BadLength {
+                    device: self.info().name.clone(),
+                    what: format!("read returned {} bytes, {len} asked", data.len()),
+                })?);
+                at += n;
+            }
+            Ok(())
+        }
+    }
+
     /// Writes `data` (whole sectors) at `start`.
     fn write(
         &self,
@@ -396,9 +441,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// write (`pwritev`). Each part is whole sectors. A striped volume sends the interleave
     /// units of a request that lie back to back on one component this way, so the component
     /// gets one command where it would get one a unit (as the Linux block layer merges
-    /// adjacent bios into one request). The default writes each part on its own, at once,
-    /// and returns when all have finished; layers pass the parts down whole, and the
-    /// io_uring backend sends them as one `IORING_OP_WRITEV`.
+    /// adjacent bios into one request). The default copies the parts into one buffer and
+    /// writes that (one command either way: a device under a tagged queue is never sent more
+    /// commands than the queue gave tags); layers pass the parts down whole, the io_uring
+    /// backend sends them as one `IORING_OP_WRITEV` and the file backend as one trip to its
+    /// thread pool, neither copying.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -638,26 +685,24 @@ pub(crate) fn check_parts(info: &DeviceInfo, start: u64, parts: &[Bytes]) -> Res
     info.check_write(start, parts.iter().map(Bytes::len).sum())
 }
 
-/// [`BlockDevice::write_vectored`]'s default: each part written on its own, all at once.
+/// [`BlockDevice::write_vectored`]'s default: the parts copied into one buffer, written as
+/// one request.
 pub(crate) async fn write_parts<D: BlockDevice + ?Sized>(
     dev: &D,
     start: u64,
     mut parts: Vec<Bytes>,
     opts: IoOpts,
 ) -> Result<()> {
-    check_parts(dev.info(), start, &parts)?;
+    let sectors = check_parts(dev.info(), start, &parts)?;
     if parts.len() == 1 {
         let data = parts.pop().unwrap_or_default();
         return dev.write(start, data, opts).await;
     }
-    let mut at = start;
-    let writes = parts.into_iter().map(|p| {
-        let here = at;
-        at += p.len() as u64 / 512;
-        dev.write(here, p, opts)
-    });
-    crate::layers::all(writes).await?;
-    Ok(())
+    let mut whole = Vec::with_capacity(sectors as usize * 512);
+    for p in &parts {
+        whole.extend_from_slice(p);
+    }
+    dev.write(start, Bytes::from(whole), opts).await
 }
 
 /// The bytes `[from, from + len)` of `parts` taken one after the other, as slices of them
@@ -722,6 +767,13 @@ pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
         buf: &'a mut [u8],
         opts: IoOpts,
     ) -> BoxFuture<'a, ()>;
+    /// [`BlockDevice::read_vectored_into`].
+    fn erased_read_vectored_into<'a>(
+        &'a self,
+        start: u64,
+        bufs: Vec<&'a mut [u8]>,
+        opts: IoOpts,
+    ) -> BoxFuture<'a, ()>;
     /// [`BlockDevice::write`].
     fn erased_write(&self, start: u64, data: Bytes, opts: IoOpts) -> BoxFuture<'_, ()>;
     /// [`BlockDevice::write_vectored`].
@@ -764,6 +816,14 @@ impl<D: BlockDevice> DynBlockDevice for D {
         opts: IoOpts,
     ) -> BoxFuture<'a, ()> {
         Box::pin(self.read_into(start, buf, opts))
+    }
+    fn erased_read_vectored_into<'a>(
+        &'a self,
+        start: u64,
+        bufs: Vec<&'a mut [u8]>,
+        opts: IoOpts,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.read_vectored_into(start, bufs, opts))
     }
     fn erased_write(&self, start: u64, data: Bytes, opts: IoOpts) -> BoxFuture<'_, ()> {
         Box::pin(self.write(start, data, opts))
@@ -816,6 +876,14 @@ impl BlockDevice for dyn DynBlockDevice + '_ {
         // The boxed future lives as long as the shorter of `self` and `buf`; the `async fn`
         // (no allocation) names both.
         self.erased_read_into(start, buf, opts).await
+    }
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        self.erased_read_vectored_into(start, bufs, opts).await
     }
     fn write(
         &self,
@@ -886,6 +954,14 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
         (**self).read_into(start, buf, opts)
+    }
+    fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        (**self).read_vectored_into(start, bufs, opts)
     }
     fn write(
         &self,

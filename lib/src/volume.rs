@@ -925,6 +925,22 @@ impl BlockDevice for Volume {
         .await
     }
 
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let bytes = bufs.iter().map(|b| b.len() as u64).sum();
+        self.timed(
+            OpKind::Read,
+            opts.class,
+            bytes,
+            self.striped.read_vectored_into(start, bufs, opts),
+        )
+        .await
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
         self.timed(

@@ -458,12 +458,19 @@ fn queue_full_and_busy_are_retried() {
                 i as u64,
             );
         }
-        let data = pattern(0, 512, 3);
-        f.vol
-            .write(0, Bytes::from(data.clone()), IoOpts::new())
-            .await
-            .unwrap();
-        assert_eq!(f.vol.read(0, 512, IoOpts::new()).await.unwrap(), data);
+        // A request is one command a component (its units there gathered): enough of them
+        // that the 30% faults hit some.
+        for round in 0..4u64 {
+            let data = pattern(0, 512, 3 + round as u8);
+            f.vol
+                .write(round * 64, Bytes::from(data.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(
+                f.vol.read(round * 64, 512, IoOpts::new()).await.unwrap(),
+                data
+            );
+        }
         assert!(f.faults.iter().map(|d| d.injected()).sum::<u64>() > 0);
     });
 }

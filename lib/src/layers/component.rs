@@ -64,6 +64,14 @@ impl BlockDevice for Component {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         each!(self, d => d.read_into(start, buf, opts))
     }
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        each!(self, d => d.read_vectored_into(start, bufs, opts))
+    }
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         each!(self, d => d.write(start, data, opts))
     }

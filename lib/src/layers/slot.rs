@@ -43,6 +43,14 @@ impl BlockDevice for Slot {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         self.get().read_into(start, buf, opts).await
     }
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        self.get().read_vectored_into(start, bufs, opts).await
+    }
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         self.get().write(start, data, opts).await
     }

@@ -409,6 +409,32 @@ impl Striped {
 }
 
 impl Striped {
+    /// Reads a run of pieces back to back on one component into their places (one command),
+    /// from the other mirror side if the first fails.
+    async fn read_run_into(&self, p: Piece, mut parts: Vec<&mut [u8]>, opts: IoOpts) -> Result<()> {
+        if parts.len() == 1 {
+            if let Some(buf) = parts.pop() {
+                return self.read_piece_into(p, buf, opts).await;
+            }
+        }
+        let (first, other) = self.sides(&p);
+        // Lent for the first try, so the second has them again.
+        let lent: Vec<&mut [u8]> = parts.iter_mut().map(|b| &mut **b).collect();
+        let Err(e) = self.components[first]
+            .read_vectored_into(p.cblk, lent, opts)
+            .await
+        else {
+            return Ok(());
+        };
+        let Some(other) = other else {
+            return Err(component(first, Some(p.lblk), e));
+        };
+        self.components[other]
+            .read_vectored_into(p.cblk, parts, opts)
+            .await
+            .map_err(|_| component(first, Some(p.lblk), e))
+    }
+
     async fn read_piece_into(&self, p: Piece, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let (first, other) = self.sides(&p);
         match self.components[first].read_into(p.cblk, buf, opts).await {
@@ -496,14 +522,26 @@ impl BlockDevice for Striped {
             // One piece (the common small request): no gathering at all.
             return self.read_piece_into(p, buf, opts).await;
         }
+        // Several: each piece's place in `buf`, then the pieces back to back on one
+        // component read there as one command, scattered straight into their places.
+        let pieces: Vec<Piece> = pieces.by_ref().collect();
         let mut rest = buf;
-        let mut reads = Vec::new();
-        for p in pieces.by_ref() {
+        let mut places = Vec::with_capacity(pieces.len());
+        for p in &pieces {
             let (part, tail) = rest.split_at_mut(p.count as usize * 512);
             rest = tail;
-            reads.push(self.read_piece_into(p, part, opts));
+            places.push(Some(part));
         }
-        super::all(reads).await?;
+        let mut runs = Vec::new();
+        for (run, members) in gather(&pieces) {
+            let parts: Vec<&mut [u8]> = members.iter().filter_map(|&m| places[m].take()).collect();
+            runs.push((run, parts));
+        }
+        super::all(
+            runs.into_iter()
+                .map(|(run, parts)| self.read_run_into(run, parts, opts)),
+        )
+        .await?;
         Ok(())
     }
 
