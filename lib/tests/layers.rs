@@ -769,6 +769,16 @@ fn a_striped_write_reaches_each_component_as_one_gathered_command() {
             assert_eq!(got, vec![vec![(1024, 1, 128)]; 4], "queue {queue}");
             let back = vol.read(4096, 512, IoOpts::new()).await.unwrap();
             assert_eq!(back, [parts[0].clone(), parts[1].clone()].concat());
+            // And read back into two buffers of the caller's.
+            comps.iter().for_each(|c| drop(c.take_reads()));
+            let (mut a, mut b) = (vec![0u8; 3 << 16], vec![0u8; 1 << 16]);
+            vol.read_vectored_into(4096, vec![&mut a, &mut b], IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!((&a[..], &b[..]), (&parts[0][..], &parts[1][..]));
+            for c in &comps {
+                assert_eq!(c.take_reads(), [(1024, 128)], "queue {queue}");
+            }
         }
     });
 }

@@ -732,12 +732,8 @@ impl BlockDevice for UringDevice {
                 .iter()
                 .any(|p| needs_copy(p, true) || p.len() % lbs.max(1) != 0)
         {
-            // O_DIRECT takes each part aligned: gather them into one aligned buffer.
-            let mut all = Vec::with_capacity(sectors as usize * 512);
-            for p in &parts {
-                all.extend_from_slice(p);
-            }
-            return self.write(start, aligned_bytes(&all), opts).await;
+            // O_DIRECT takes each part aligned: one buffer of them all (`write` aligns it).
+            return crate::device::write_parts(self, start, parts, opts).await;
         }
         if !self.writev_inline(&parts, start) {
             let mut at = start;

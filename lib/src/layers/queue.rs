@@ -717,17 +717,8 @@ impl<D: BlockDevice> Queue<D> {
     async fn write_piece(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let bytes = parts.iter().map(|p| p.len() as u64).sum();
         self.run(OpKind::Write, bytes, opts, |k| {
-            let parts = parts.clone();
-            async move {
-                match <[Bytes; 1]>::try_from(parts) {
-                    Ok([data]) => self.dev.write(start, data, with_kind(opts, k)).await,
-                    Err(parts) => {
-                        self.dev
-                            .write_vectored(start, parts, with_kind(opts, k))
-                            .await
-                    }
-                }
-            }
+            self.dev
+                .write_vectored(start, parts.clone(), with_kind(opts, k))
         })
         .await
     }

@@ -77,15 +77,10 @@ impl<D: BlockDevice> Split<D> {
         let durable = opts.fua || self.force_fua;
         let fua = durable && self.info.caps.fua;
         let parts = &parts;
-        let writes = pieces.map(|p| async move {
+        let writes = pieces.map(|p| {
             let off = ((p.start - start) * 512) as usize;
-            let mut part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
-            if part.len() == 1 {
-                let data = part.pop().unwrap_or_default();
-                self.dev.write(p.start, data, opts.fua(fua)).await
-            } else {
-                self.dev.write_vectored(p.start, part, opts.fua(fua)).await
-            }
+            let part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
+            self.dev.write_vectored(p.start, part, opts.fua(fua))
         });
         super::all(writes).await?;
         if durable && !fua {

@@ -375,15 +375,8 @@ impl Striped {
                     ));
                 }
                 let data = &data;
-                self.on_sides(&run, move |c| async move {
-                    match data.as_slice() {
-                        [one] => self.components[c].write(run.cblk, one.clone(), opts).await,
-                        many => {
-                            self.components[c]
-                                .write_vectored(run.cblk, many.to_vec(), opts)
-                                .await
-                        }
-                    }
+                self.on_sides(&run, move |c| {
+                    self.components[c].write_vectored(run.cblk, data.clone(), opts)
                 })
                 .await
             });
