@@ -326,7 +326,7 @@ fn notrim_makes_discard_unsupported_end_to_end() {
 /// `tracing` sees what a storage engineer wants to know: a mirror side dropped, QUEUE FULL
 /// back-off and the openings it changed.
 #[test]
-fn tracing_events_for_mirror_drops_and_back_off() {
+fn tracing_events_for_mirror_drops_back_off_and_slow_requests() {
     use std::io::Write;
     use std::sync::Mutex;
     use tagstripe::striping::Flavor;
@@ -349,8 +349,11 @@ fn tracing_events_for_mirror_drops_and_back_off() {
         .with_writer(move || writer.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, || {
+        // tokio's paused clock: the queue's back-off after QUEUE FULL and the slow request
+        // below take simulated time, not real time.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .start_paused(true)
             .build()
             .unwrap();
         rt.block_on(async {
@@ -384,8 +387,28 @@ fn tracing_events_for_mirror_drops_and_back_off() {
                 r.unwrap();
             }
         });
+        // Requests of a second or more through a queue are reported, reads into the
+        // caller's buffer too.
+        rt.block_on(async {
+            let d = Arc::new(FaultDevice::new(MemDevice::new("slowdev", 1024)));
+            let q = tagstripe::Queue::new(d.clone());
+            q.write(0, Bytes::from(vec![7u8; 512]), IoOpts::new())
+                .await
+                .unwrap();
+            d.set_latency(std::time::Duration::from_secs(2));
+            let mut buf = vec![0u8; 512];
+            q.read_into(0, &mut buf, IoOpts::new()).await.unwrap();
+            assert_eq!(buf, vec![7u8; 512]);
+        });
     });
     let text = String::from_utf8(cap.0.lock().unwrap().clone()).unwrap();
+    let slow: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("slow request") && l.contains("device=slowdev"))
+        .collect();
+    assert_eq!(slow.len(), 1, "only the slow read: {text}");
+    assert!(slow[0].contains("op=Read"), "{text}");
+    assert!(slow[0].contains("ms=2000"), "{text}");
     assert!(text.contains("mirror side dropped"), "{text}");
     assert!(text.contains("component=1"), "{text}");
     assert!(text.contains("QUEUE FULL: backing off"), "{text}");

@@ -501,35 +501,98 @@ impl<D: BlockDevice> Queue<D> {
         (piece < sectors).then_some(piece)
     }
 
+    /// Starts a request through the queue: room in the host queue, then a tag (at once, or
+    /// a grant to wait for in [`Request::attempt`]).
+    async fn begin(&self, op: OpKind, bytes: u64, opts: IoOpts) -> Result<Request<'_, D>> {
+        let (admitted, waited_from) = self.admit(opts.class).await?;
+        // Times come from the queue's clock, read under its lock anyway.
+        let (acq, started) = self.acquire(Self::meta(op, opts, bytes / 512))?;
+        let started = waited_from.unwrap_or(started);
+        Ok(Request {
+            queue: self,
+            op,
+            bytes,
+            class: opts.class,
+            counted: Some(self.stats.begin()),
+            admitted: Some(admitted),
+            next: Some(acq),
+            held: None,
+            started,
+            ended: started,
+        })
+    }
+
+    /// One request through the queue, `f` called with the tag kind to send for every
+    /// attempt (again while the device answers QUEUE FULL or BUSY).
     async fn run<T, F, Fut>(&self, op: OpKind, bytes: u64, opts: IoOpts, f: F) -> Result<T>
     where
         F: Fn(TagKind) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let (admitted, waited_from) = self.admit(opts.class).await?;
-        // Times come from the queue's clock, read under its lock anyway.
-        let (mut acq, started) = self.acquire(Self::meta(op, opts, bytes / 512))?;
-        let started = waited_from.unwrap_or(started);
-        let counted = self.stats.begin();
-        let mut ended = started;
-        let result = loop {
-            let (guard, tag, kind) = match self.wait(acq).await {
-                Ok(x) => x,
-                Err(e) => break Err(e),
+        let mut r = self.begin(op, bytes, opts).await?;
+        loop {
+            let res = match r.attempt().await {
+                Ok(kind) => f(kind).await,
+                Err(e) => Err(e),
             };
-            let res = f(kind).await;
-            let (again, at) = self.release(guard, tag, &res);
-            ended = at;
-            match again {
-                Some(again) => acq = again,
-                None => break res,
+            if let Some(done) = r.answer(res) {
+                return done;
             }
-        };
-        drop(admitted);
-        let took = Duration::from_nanos(ended.saturating_sub(started));
-        slow(self.dev.info(), op, took);
-        counted.end(op, opts.class, bytes, took, result.is_ok());
-        result
+        }
+    }
+}
+
+/// One request on its way through a [`Queue`]: its room in the host queue, its tag while
+/// it is at the device, and its place in the statistics. The caller alternates
+/// [`attempt`](Self::attempt) (the tag kind to send) and [`answer`](Self::answer) (the
+/// device's answer) until `answer` gives the result; dropped earlier (cancelled), it gives
+/// the tag and the room back.
+struct Request<'q, D> {
+    queue: &'q Queue<D>,
+    op: OpKind,
+    bytes: u64,
+    class: IoClass,
+    /// Its place among the requests in flight, until it is counted.
+    counted: Option<crate::stats::InFlight<'q>>,
+    admitted: Option<Admitted<'q>>,
+    /// How the next attempt gets its tag.
+    next: Option<Acquired>,
+    /// The tag of the attempt at the device.
+    held: Option<(TagGuard<'q>, Tag)>,
+    started: u64,
+    ended: u64,
+}
+
+impl<D: BlockDevice> Request<'_, D> {
+    /// Waits for this attempt's tag; the tag kind to send it with.
+    async fn attempt(&mut self) -> Result<TagKind> {
+        let acq = self.next.take().ok_or_else(|| Error::Closed {
+            device: self.queue.dev.info().name.clone(),
+        })?;
+        let (guard, tag, kind) = self.queue.wait(acq).await?;
+        self.held = Some((guard, tag));
+        Ok(kind)
+    }
+
+    /// Reports the device's answer to the attempt (or the attempt's own failure): `None`
+    /// if the queue retries it (then [`attempt`](Self::attempt) again), else the request's
+    /// result, counted in the statistics.
+    fn answer<T>(&mut self, res: Result<T>) -> Option<Result<T>> {
+        if let Some((guard, tag)) = self.held.take() {
+            let (again, at) = self.queue.release(guard, tag, &res);
+            self.ended = at;
+            if again.is_some() {
+                self.next = again;
+                return None;
+            }
+        }
+        self.admitted = None;
+        let took = Duration::from_nanos(self.ended.saturating_sub(self.started));
+        slow(self.queue.dev.info(), self.op, took);
+        if let Some(counted) = self.counted.take() {
+            counted.end(self.op, self.class, self.bytes, took, res.is_ok());
+        }
+        Some(res)
     }
 }
 
@@ -670,30 +733,16 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
 impl<D: BlockDevice> Queue<D> {
     /// One read through the queue, whole.
     async fn read_piece(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        let sectors = buf.len() as u64 / 512;
-        let (admitted, waited_from) = self.admit(opts.class).await?;
-        let (mut acq, started) = self.acquire(Self::meta(OpKind::Read, opts, sectors))?;
-        let started = waited_from.unwrap_or(started);
-        let counted = self.stats.begin();
-        let mut ended = started;
-        let result = loop {
-            let (guard, tag, kind) = match self.wait(acq).await {
-                Ok(x) => x,
-                Err(e) => break Err(e),
+        let mut r = self.begin(OpKind::Read, buf.len() as u64, opts).await?;
+        loop {
+            let res = match r.attempt().await {
+                Ok(kind) => self.dev.read_into(start, buf, with_kind(opts, kind)).await,
+                Err(e) => Err(e),
             };
-            let res = self.dev.read_into(start, buf, with_kind(opts, kind)).await;
-            let (again, at) = self.release(guard, tag, &res);
-            ended = at;
-            match again {
-                Some(again) => acq = again,
-                None => break res,
+            if let Some(done) = r.answer(res) {
+                return done;
             }
-        };
-        drop(admitted);
-        let bytes = buf.len() as u64;
-        let took = Duration::from_nanos(ended.saturating_sub(started));
-        counted.end(OpKind::Read, opts.class, bytes, took, result.is_ok());
-        result
+        }
     }
 
     /// A write of `parts` (checked), one after the other: one command, or pieces of the size
