@@ -409,12 +409,8 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
         async move {
-            for b in &bufs {
-                sectors_of(self.info(), b.len())?;
-            }
-            let len: usize = bufs.iter().map(|b| b.len()).sum();
-            let sectors = sectors_of(self.info(), len)?;
-            self.info().check(start, sectors)?;
+            let sectors = check_bufs(self.info(), start, &bufs)?;
+            let len = sectors as usize * 512;
             let data = self.read(start, sectors, opts).await?;
             let mut at = 0;
             for b in bufs {
@@ -683,6 +679,17 @@ pub(crate) fn check_parts(info: &DeviceInfo, start: u64, parts: &[Bytes]) -> Res
         sectors_of(info, p.len())?;
     }
     info.check_write(start, parts.iter().map(Bytes::len).sum())
+}
+
+/// The buffers of a scattered read (`bufs` one after the other), checked as a read of
+/// that length at `start`: its sectors.
+pub(crate) fn check_bufs(info: &DeviceInfo, start: u64, bufs: &[&mut [u8]]) -> Result<u64> {
+    for b in bufs {
+        sectors_of(info, b.len())?;
+    }
+    let sectors = sectors_of(info, bufs.iter().map(|b| b.len()).sum())?;
+    info.check(start, sectors)?;
+    Ok(sectors)
 }
 
 /// [`BlockDevice::write_vectored`]'s default: the parts copied into one buffer, written as

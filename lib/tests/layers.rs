@@ -783,6 +783,36 @@ fn a_striped_write_reaches_each_component_as_one_gathered_command() {
             let got: Vec<_> = comps.iter().map(|c| c.take_reads()).collect();
             assert_eq!(got[0], [(64, 512)], "queue {queue}");
             assert_eq!(got[1..], vec![vec![(0, 512)]; 3], "queue {queue}");
+            // Into the caller's buffers, cut where the units are not (one sector; 200
+            // sectors across two units; an empty one; the rest): the same one read a
+            // component, every byte in its place.
+            let (mut a, mut b, mut c, mut d) = (
+                vec![0u8; 512],
+                vec![0u8; 200 * 512],
+                Vec::new(),
+                vec![0u8; 1847 * 512],
+            );
+            vol.read_vectored_into(64, vec![&mut a, &mut b, &mut c, &mut d], IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!([a, b, d].concat(), data, "queue {queue}");
+            let got: Vec<_> = comps.iter().map(|c| c.take_reads()).collect();
+            assert_eq!(got[0], [(64, 512)], "queue {queue}");
+            assert_eq!(got[1..], vec![vec![(0, 512)]; 3], "queue {queue}");
+            // Buffers that are not whole sectors, or longer than the volume, are refused.
+            let mut odd = vec![0u8; 100];
+            let e = vol
+                .read_vectored_into(0, vec![&mut odd], IoOpts::new())
+                .await
+                .unwrap_err();
+            assert!(matches!(e, Error::BadLength { .. }), "{e}");
+            let mut big = vec![0u8; 512];
+            let sectors = vol.info().sectors;
+            let e = vol
+                .read_vectored_into(sectors, vec![&mut big], IoOpts::new())
+                .await
+                .unwrap_err();
+            assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
             // A gathered write given to the volume itself: gathered again on each component.
             let parts = vec![pattern(3 << 16, 3), pattern(1 << 16, 4)];
             vol.write_vectored(4096, parts.clone(), IoOpts::new())

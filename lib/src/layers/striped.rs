@@ -428,6 +428,54 @@ impl Striped {
             .map_err(|_| component(first, Some(p.lblk), e))
     }
 
+    /// Reads `pieces` (a request's, in volume order) into `bufs` (its bytes, one after the
+    /// other): each piece's places in the buffers, then the pieces back to back on one
+    /// component read there as one command, scattered straight into their places.
+    async fn read_scattered(
+        &self,
+        pieces: Vec<Piece>,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let mut bufs = bufs.into_iter().filter(|b| !b.is_empty());
+        let mut rest: &mut [u8] = &mut [];
+        let mut places: Vec<Vec<&mut [u8]>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            // A piece may span the end of one buffer and the start of the next: every
+            // buffer is whole sectors, so each part of it is too.
+            let mut want = p.count as usize * 512;
+            let mut parts = Vec::with_capacity(1);
+            while want > 0 {
+                if rest.is_empty() {
+                    rest = bufs.next().ok_or_else(|| Error::BadLength {
+                        device: self.info.name.clone(),
+                        what: "buffers shorter than the request".to_string(),
+                    })?;
+                }
+                let n = want.min(rest.len());
+                let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+                rest = tail;
+                parts.push(part);
+                want -= n;
+            }
+            places.push(parts);
+        }
+        let mut runs = Vec::new();
+        for (run, members) in gather(&pieces) {
+            let parts: Vec<&mut [u8]> = members
+                .iter()
+                .flat_map(|&m| std::mem::take(&mut places[m]))
+                .collect();
+            runs.push((run, parts));
+        }
+        super::all(
+            runs.into_iter()
+                .map(|(run, parts)| self.read_run_into(run, parts, opts)),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn read_piece_into(&self, p: Piece, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let (first, other) = self.sides(&p);
         match self.components[first].read_into(p.cblk, buf, opts).await {
@@ -510,32 +558,25 @@ impl BlockDevice for Striped {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
-        let mut pieces = self.geometry.map(start, sectors)?.merged();
+        let pieces = self.geometry.map(start, sectors)?.merged();
         if let Some(p) = pieces.clone().next().filter(|p| p.count == sectors) {
             // One piece (the common small request): no gathering at all.
             return self.read_piece_into(p, buf, opts).await;
         }
-        // Several: each piece's place in `buf`, then the pieces back to back on one
-        // component read there as one command, scattered straight into their places.
-        let pieces: Vec<Piece> = pieces.by_ref().collect();
-        let mut rest = buf;
-        let mut places = Vec::with_capacity(pieces.len());
-        for p in &pieces {
-            let (part, tail) = rest.split_at_mut(p.count as usize * 512);
-            rest = tail;
-            places.push(Some(part));
-        }
-        let mut runs = Vec::new();
-        for (run, members) in gather(&pieces) {
-            let parts: Vec<&mut [u8]> = members.iter().filter_map(|&m| places[m].take()).collect();
-            runs.push((run, parts));
-        }
-        super::all(
-            runs.into_iter()
-                .map(|(run, parts)| self.read_run_into(run, parts, opts)),
-        )
-        .await?;
-        Ok(())
+        self.read_scattered(pieces.collect(), vec![buf], opts).await
+    }
+
+    /// Reads into `bufs` one after the other, as [`read_into`](Self::read_into) into one
+    /// buffer: each component's run straight into its places, with no buffer of the whole.
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let sectors = crate::device::check_bufs(&self.info, start, &bufs)?;
+        let pieces = self.geometry.map(start, sectors)?.merged().collect();
+        self.read_scattered(pieces, bufs, opts).await
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
