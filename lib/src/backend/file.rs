@@ -55,6 +55,16 @@ pub(crate) fn needs_copy(data: &Bytes, direct: bool) -> bool {
     direct && data.as_ptr() as usize % DIRECT_ALIGN != 0
 }
 
+/// Whether a gathered write's `parts` must be gathered into one buffer before they go to
+/// a device opened `O_DIRECT` with logical blocks of `lbs` bytes: a part that is not
+/// aligned in memory, or not whole logical blocks, cannot go as it is (`EINVAL`), though
+/// the write as a whole may be aligned.
+pub(crate) fn direct_needs_one_buffer(parts: &[Bytes], lbs: usize) -> bool {
+    parts
+        .iter()
+        .any(|p| needs_copy(p, true) || p.len() % lbs.max(1) != 0)
+}
+
 /// Alignment of `O_DIRECT` buffers: a page, which every device here accepts
 /// (measured here: 512 as the DMA alignment, 4 KiB as the largest
 /// logical block).
@@ -288,20 +298,19 @@ impl BlockDevice for FileDevice {
     }
 
     /// One trip to the blocking pool for all the parts (written one after the other).
+    /// Under `O_DIRECT`, parts that cannot go as they are (not aligned in memory, or not
+    /// whole logical blocks) are gathered into one aligned buffer first.
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        let direct = self.direct;
+        let lbs = self.info.limits.logical_block_size as usize;
+        if self.direct && direct_needs_one_buffer(&parts, lbs) {
+            return crate::device::write_parts(self, start, parts, opts).await;
+        }
         self.blocking("write", start, sectors, move |f| {
             let mut offset = start * 512;
             for data in parts {
-                let len = data.len() as u64;
-                let data = if needs_copy(&data, direct) {
-                    aligned_bytes(&data)
-                } else {
-                    data
-                };
                 f.write_all_at(&data, offset)?;
-                offset += len;
+                offset += data.len() as u64;
             }
             if opts.fua {
                 f.sync_data()?;

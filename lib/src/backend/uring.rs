@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::file::{align_gap, aligned_bytes, needs_copy, read_buffer};
+use super::file::{align_gap, aligned_bytes, direct_needs_one_buffer, needs_copy, read_buffer};
 use crate::{BlockDevice, DeviceInfo, Error, FileDevice, FileOptions, IoOpts, Result};
 
 /// A request in the ring: its buffer lives here until its completion is reaped.
@@ -727,11 +727,7 @@ impl BlockDevice for UringDevice {
             return self.write(start, data, opts).await;
         }
         let lbs = self.info.limits.logical_block_size as usize;
-        if self.direct
-            && parts
-                .iter()
-                .any(|p| needs_copy(p, true) || p.len() % lbs.max(1) != 0)
-        {
+        if self.direct && direct_needs_one_buffer(&parts, lbs) {
             // O_DIRECT takes each part aligned: one buffer of them all (`write` aligns it).
             return crate::device::write_parts(self, start, parts, opts).await;
         }
