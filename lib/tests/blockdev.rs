@@ -84,6 +84,7 @@ fn loop_device_4k_sectors_enforce_alignment_with_o_direct() {
         // so it lands, on the file backend and through io_uring alike.
         let parts: Vec<Bytes> = (0..16u8).map(|i| Bytes::from(vec![i; 512])).collect();
         let want: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        #[cfg_attr(not(feature = "uring"), allow(unused_mut))]
         let mut devs: Vec<Box<dyn DynBlockDevice>> = vec![Box::new(d)];
         #[cfg(feature = "uring")]
         match tagstripe::UringDevice::open(&lo.dev, opts, true, 8) {
