@@ -31,6 +31,12 @@ pub(crate) struct SoakArgs {
     /// Seed of the operations and faults.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// How long, in milliseconds, each component's queue pauses after BUSY (or QUEUE FULL
+    /// with nothing else in flight) when nothing completes first. Each worker sends one
+    /// request at a time, so every such fault is a whole pause: at CAM's 1000 the striped
+    /// volumes spend most of the soak waiting instead of being tested.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    busy_delay_ms: u64,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -201,12 +207,20 @@ async fn nbd_mirror() -> Result<Rig, String> {
     })
 }
 
+/// Sets the busy delay of every queue of `vol`.
+fn pause_after_busy(vol: &Volume, delay: Duration) {
+    for q in vol.queues() {
+        q.set_busy_delay(delay);
+    }
+}
+
 async fn work(
     mut rig: Rig,
     until: Instant,
-    rate: f64,
+    (rate, busy): (f64, Duration),
     seed: u64,
 ) -> Result<(String, Tally), String> {
+    pause_after_busy(&rig.vol, busy);
     let mut t = Tally::default();
     let mut rng = Rng::new(seed);
     let total = rig.vol.info().sectors;
@@ -253,6 +267,7 @@ async fn work(
             rig.vol.stop_resync().await;
             let old = std::mem::replace(&mut rig.vol, reopen(&rig.faults).await?);
             drop(old);
+            pause_after_busy(&rig.vol, busy);
             t.restarts += 1;
         }
         t.ops += 1;
@@ -303,6 +318,7 @@ async fn work(
         // Healed: one more restart, and every side copied back.
         rig.vol.stop_resync().await;
         drop(std::mem::replace(&mut rig.vol, reopen(&rig.faults).await?));
+        pause_after_busy(&rig.vol, busy);
         rig.vol.wait_resync().await;
         if rig.vol.resync().is_ok() {
             t.resyncs += 1;
@@ -340,6 +356,7 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
     };
     rt.block_on(async {
         let until = Instant::now() + Duration::from_secs_f64(a.minutes * 60.0);
+        let busy = Duration::from_millis(a.busy_delay_ms);
         let mut rigs = Vec::new();
         let f = mem_faulty(3, 4096);
         rigs.push(Rig { name: "concat", vol: build(&f, 0, Flavor::NetBsd, false, false), faults: f, drop_conn: None, restarts: false });
@@ -368,7 +385,7 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
         let tasks: Vec<_> = rigs
             .into_iter()
             .enumerate()
-            .map(|(i, r)| tokio::spawn(work(r, until, a.fault_rate, a.seed.wrapping_add(i as u64))))
+            .map(|(i, r)| tokio::spawn(work(r, until, (a.fault_rate, busy), a.seed.wrapping_add(i as u64))))
             .collect();
         let mut results = Vec::new();
         for t in tasks {
@@ -385,9 +402,9 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
                 .iter()
                 .map(|(n, t)| json!({"volume": n, "ops": t.ops, "failed_ops": t.failed_ops, "faults": t.faults, "bytes_verified": t.verified, "bytes_lost": t.lost, "sectors_unavailable": t.unavailable, "sectors_unnamed_errors": t.unnamed, "degraded": t.degraded, "dropped_connections": t.dropped_connections, "restarts": t.restarts, "resyncs": t.resyncs}))
                 .collect();
-            outln!("{}", json!({"minutes": a.minutes, "fault_rate": a.fault_rate, "seed": a.seed, "ops": ops, "faults": faults, "bytes_verified": verified, "bytes_lost": lost, "volumes": per}));
+            outln!("{}", json!({"minutes": a.minutes, "fault_rate": a.fault_rate, "seed": a.seed, "busy_delay_ms": a.busy_delay_ms, "ops": ops, "faults": faults, "bytes_verified": verified, "bytes_lost": lost, "volumes": per}));
         } else {
-            outln!("soak: {:.2} min, fault rate {}, seed {}", a.minutes, a.fault_rate, a.seed);
+            outln!("soak: {:.2} min, fault rate {}, seed {}, {} ms pause after BUSY", a.minutes, a.fault_rate, a.seed, a.busy_delay_ms);
             outln!("{:<12} {:>10} {:>10} {:>8} {:>16} {:>10} {:>12} {:>9} {:>9}", "volume", "ops", "failed", "faults", "bytes verified", "bytes lost", "unavailable", "degraded", "restarts");
             for (n, t) in &results {
                 let restarts = if t.restarts > 0 { format!("{} ({} resyncs)", t.restarts, t.resyncs) } else { "-".to_owned() };

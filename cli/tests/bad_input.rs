@@ -166,6 +166,8 @@ fn malformed_command_lines_exit_2() {
         ]),
         s(&["bench", "fairness", "--sim", "--seconds", "0"]),
         s(&["bench", "soak", "--minutes", "-1"]),
+        s(&["bench", "soak", "--busy-delay-ms", "60001"]),
+        s(&["bench", "soak", "--busy-delay-ms", "-5"]),
         s(&["bench", "--interleave", "-3"]),
         s(&["no-such-command"]),
     ];

@@ -861,3 +861,49 @@ fn a_split_layer_cuts_a_gathered_write_at_its_limit_across_parts() {
         assert!(dev.take().is_empty());
     });
 }
+
+/// A device that answers BUSY with nothing else in flight stalls its queue for the busy
+/// delay (CAM's 1 s); a shorter delay set on the queue's handle ends the stall sooner, one
+/// already in progress too. On tokio's paused clock, so the times are exact.
+#[test]
+fn the_busy_delay_is_the_callers_to_set() {
+    common::paused_rt().block_on(async {
+        let busy = |nth| Fault {
+            nth: Some(nth),
+            ..Fault::always(FaultOp::Read, FaultKind::Busy)
+        };
+        let d = Arc::new(FaultDevice::new(MemDevice::new("busy", 1024)));
+        let q = Arc::new(tagstripe::Queue::new(d.clone()));
+        q.write(0, Bytes::from(vec![5u8; 512]), IoOpts::new())
+            .await
+            .unwrap();
+        // The default: one BUSY costs a second.
+        d.inject(busy(1));
+        let t = tokio::time::Instant::now();
+        assert_eq!(q.read(0, 1, IoOpts::new()).await.unwrap()[0], 5);
+        assert_eq!(t.elapsed(), std::time::Duration::from_secs(1));
+        // Set before: 10 ms.
+        q.set_busy_delay(std::time::Duration::from_millis(10));
+        d.clear();
+        d.inject(busy(1));
+        let t = tokio::time::Instant::now();
+        assert_eq!(q.read(0, 1, IoOpts::new()).await.unwrap()[0], 5);
+        assert_eq!(t.elapsed(), std::time::Duration::from_millis(10));
+        // Set during a stall of a second: it ends 20 ms after it began.
+        q.handle().set_busy_delay(std::time::Duration::from_secs(1));
+        d.clear();
+        d.inject(busy(1));
+        let t = tokio::time::Instant::now();
+        let read = tokio::spawn({
+            let q = Arc::clone(&q);
+            async move { q.read(0, 1, IoOpts::new()).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert!(!read.is_finished(), "stalled by BUSY");
+        q.handle()
+            .set_busy_delay(std::time::Duration::from_millis(20));
+        assert_eq!(read.await.unwrap().unwrap()[0], 5);
+        assert_eq!(t.elapsed(), std::time::Duration::from_millis(20));
+        assert_eq!(d.injected(), 3);
+    });
+}

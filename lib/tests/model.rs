@@ -456,6 +456,10 @@ fn mirror_reads_survive_a_dead_side() {
 fn queue_full_and_busy_are_retried() {
     rt().block_on(async {
         let f = fixture(Kind::Stripes, Backend::Mem, 2);
+        // One request at a time: each BUSY would otherwise pause its queue for CAM's 1 s.
+        for q in f.vol.queues() {
+            q.set_busy_delay(std::time::Duration::from_millis(1));
+        }
         for (i, d) in f.faults.iter().enumerate() {
             d.random(
                 0.3,

@@ -95,6 +95,8 @@ pub struct TagQueue<R, P> {
     next_ticket: u64,
     epoch: u64,
     busy_until: Option<Nanos>,
+    /// When the BUSY pause in progress began.
+    busy_from: Nanos,
     last_full: Option<Nanos>,
     last_ramp: Nanos,
     wait_until: Option<Nanos>,
@@ -127,6 +129,7 @@ impl<R, P: Policy> TagQueue<R, P> {
             next_ticket: 0,
             epoch: 0,
             busy_until: None,
+            busy_from: 0,
             last_full: None,
             last_ramp: 0,
             wait_until: None,
@@ -361,7 +364,7 @@ impl<R, P: Policy> TagQueue<R, P> {
                     .on_release(now, &slot.meta, slot.kind, Release::Requeued);
                 if others == 0 {
                     // QUEUE FULL with nothing else outstanding is BUSY (CAM).
-                    self.busy_until = Some(now.saturating_add(self.cfg.busy_delay));
+                    self.busy(now);
                 } else {
                     self.last_full = Some(now);
                     self.set_openings_inner(others.max(self.cfg.min_tags));
@@ -371,7 +374,7 @@ impl<R, P: Policy> TagQueue<R, P> {
                 requeue(self, req);
                 self.policy
                     .on_release(now, &slot.meta, slot.kind, Release::Requeued);
-                self.busy_until = Some(now.saturating_add(self.cfg.busy_delay));
+                self.busy(now);
             }
         }
         Ok(())
@@ -408,6 +411,23 @@ impl<R, P: Policy> TagQueue<R, P> {
     /// `[min_tags, max_tags]`. Commands already at the device stay there.
     pub fn set_openings(&mut self, openings: u32) {
         self.set_openings_inner(openings);
+    }
+
+    /// Sets how long dispatch pauses after BUSY (or QUEUE FULL with nothing else at the
+    /// device) when no command completes first ([`QueueConfig::busy_delay`]; CAM's 1 s
+    /// suits a disk spinning up, not a device whose BUSY is brief back-pressure). A pause
+    /// in progress then ends `delay` after it began: at once if that has passed (call
+    /// [`poll_timeout`](Self::poll_timeout) again to see the new time).
+    pub fn set_busy_delay(&mut self, delay: Nanos) {
+        self.cfg.busy_delay = delay;
+        if self.busy_until.is_some() {
+            self.busy_until = Some(self.busy_from.saturating_add(delay));
+        }
+    }
+
+    fn busy(&mut self, now: Nanos) {
+        self.busy_from = now;
+        self.busy_until = Some(now.saturating_add(self.cfg.busy_delay));
     }
 
     /// Refuses further submits; queued requests still dispatch.

@@ -130,6 +130,36 @@ fn busy_holds_dispatch_until_a_completion_or_the_delay() {
 }
 
 #[test]
+fn the_busy_delay_can_be_changed_during_a_pause() {
+    let mut q = TagQueue::new(cfg(4, 1), Fifo);
+    assert_eq!(q.config().busy_delay, 1_000_000_000, "CAM's 1 s by default");
+    q.submit(0, 7, bulk()).unwrap();
+    let a = q.poll_dispatch(0).unwrap();
+    q.handle_completion(100, a.tag, Outcome::Busy(a.req))
+        .unwrap();
+    assert_eq!(q.poll_timeout(), Some(1_000_000_100));
+    // Shortened: the pause ends 5 ms after it began.
+    q.set_busy_delay(5_000_000);
+    assert_eq!(q.poll_timeout(), Some(5_000_100));
+    assert!(q.poll_dispatch(5_000_099).is_none(), "still paused");
+    q.handle_timeout(5_000_100);
+    let again = q.poll_dispatch(5_000_100).unwrap();
+    assert_eq!(again.req, 7);
+    // The next BUSY pauses for the new delay; shortened below what has passed, it ends
+    // at the next timeout call.
+    q.handle_completion(6_000_000, again.tag, Outcome::Busy(again.req))
+        .unwrap();
+    assert_eq!(q.poll_timeout(), Some(11_000_000));
+    q.set_busy_delay(0);
+    assert_eq!(q.poll_timeout(), Some(6_000_000));
+    q.handle_timeout(7_000_000);
+    assert!(q.poll_dispatch(7_000_000).is_some());
+    // Changed with no pause in progress, nothing is paused.
+    q.set_busy_delay(1_000);
+    assert_eq!(q.poll_timeout(), None);
+}
+
+#[test]
 fn unknown_or_finished_tags_are_errors() {
     let mut q: TagQueue<u32, Fifo> = TagQueue::new(cfg(4, 1), Fifo);
     assert_eq!(

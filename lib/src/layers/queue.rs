@@ -352,6 +352,12 @@ impl<D: BlockDevice> Queue<D> {
         self.inner.lock().q.openings()
     }
 
+    /// Sets how long the queue pauses after BUSY when nothing completes first (see
+    /// [`QueueHandle::set_busy_delay`]).
+    pub fn set_busy_delay(&self, delay: Duration) {
+        self.handle().set_busy_delay(delay);
+    }
+
     /// A handle on this queue that stays usable after the queue is wrapped in other layers
     /// (how [`crate::Volume::queues`] reaches each component's queue).
     pub fn handle(&self) -> QueueHandle {
@@ -831,6 +837,33 @@ impl QueueHandle {
     pub fn set_openings(&self, openings: u32) {
         let mut g = self.inner.lock();
         g.q.set_openings(openings);
+        let _ = pump(&self.inner, &mut g);
+    }
+
+    /// How long the queue pauses after the device answers BUSY (or QUEUE FULL with nothing
+    /// else in flight) when no other command completes first. CAM's 1 s by default: right
+    /// for a disk that is spinning up, a long stall for a device whose BUSY is brief
+    /// back-pressure (a network backend, a user's own device).
+    #[must_use]
+    pub fn busy_delay(&self) -> Duration {
+        Duration::from_nanos(self.inner.lock().q.config().busy_delay)
+    }
+
+    /// Sets [`busy_delay`](Self::busy_delay), for every queue of the pool. A pause in
+    /// progress then ends `delay` after it began (at once if that has passed).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tagstripe::{MemDevice, Queue};
+    /// let q = Queue::new(MemDevice::new("mem0", 1024));
+    /// assert_eq!(q.handle().busy_delay(), Duration::from_secs(1));
+    /// q.handle().set_busy_delay(Duration::from_millis(10));
+    /// assert_eq!(q.handle().busy_delay(), Duration::from_millis(10));
+    /// ```
+    pub fn set_busy_delay(&self, delay: Duration) {
+        let nanos = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        let mut g = self.inner.lock();
+        g.q.set_busy_delay(nanos);
         let _ = pump(&self.inner, &mut g);
     }
 
