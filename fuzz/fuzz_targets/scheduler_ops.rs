@@ -20,6 +20,7 @@ enum Op {
     CompleteTag { tag: u32 },
     Advance { ns: u32 },
     SetOpenings { n: u8 },
+    SetBusyDelay { ns: u32 },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -98,6 +99,7 @@ fuzz_target!(|input: Input| {
                 q.handle_timeout(now);
             }
             Op::SetOpenings { n } => q.set_openings(u32::from(n)),
+            Op::SetBusyDelay { ns } => q.set_busy_delay(u64::from(ns)),
         }
         while let Some(e) = q.poll_event() {
             if let Event::Completed { ticket, .. } | Event::Failed { ticket } = e {
