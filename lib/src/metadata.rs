@@ -51,6 +51,11 @@ pub async fn component_metadata(dev: &dyn DynBlockDevice) -> Result<Option<Super
 
 /// The newest valid copy on `dev`, `None` if it carries none.
 pub(crate) async fn read(dev: &dyn DynBlockDevice) -> Result<Option<Superblock>> {
+    Ok(read_slot(dev).await?.map(|(sb, _)| sb))
+}
+
+/// The newest valid copy on `dev` and the slot it is in, `None` if it carries none.
+async fn read_slot(dev: &dyn DynBlockDevice) -> Result<Option<(Superblock, usize)>> {
     if dev.info().sectors < superblock::RESERVED_SECTORS {
         return Ok(None);
     }
@@ -59,12 +64,12 @@ pub(crate) async fn read(dev: &dyn DynBlockDevice) -> Result<Option<Superblock>>
         .read(at, superblock::RESERVED_SECTORS, IoOpts::new())
         .await?;
     let (s0, s1) = b.split_at(superblock::SIZE);
-    Ok(superblock::newest(s0, s1)?)
+    Ok(superblock::newest_slot(s0, s1)?)
 }
 
-/// Writes `sb` to its slot on `dev`, durably (FUA).
-async fn write(dev: &dyn DynBlockDevice, sb: &Superblock) -> Result<()> {
-    let at = area(dev) + sb.slot() as u64 * COPY_SECTORS;
+/// Writes `sb` to `slot` on `dev`, durably (FUA).
+async fn write(dev: &dyn DynBlockDevice, sb: &Superblock, slot: usize) -> Result<()> {
+    let at = area(dev) + slot as u64 * COPY_SECTORS;
     dev.write(at, Bytes::from(sb.encode()), IoOpts::new().fua(true))
         .await
 }
@@ -166,6 +171,9 @@ pub(crate) struct Keeper {
     delay: std::time::Duration,
     /// Recent flush epochs and when they began (the oldest at most `delay` old, plus one).
     marks: parking_lot::Mutex<std::collections::VecDeque<(u64, tokio::time::Instant)>>,
+    /// Per component, the slot of its newest valid copy, if known: the next copy goes to
+    /// the other one, so a torn write never takes the last valid copy with it.
+    slots: parking_lot::Mutex<Vec<Option<usize>>>,
 }
 
 impl std::fmt::Debug for Keeper {
@@ -277,7 +285,14 @@ impl Keeper {
             dropped_at: parking_lot::Mutex::new(Vec::new()),
             delay: std::time::Duration::ZERO,
             marks: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            slots: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Where each component's newest valid copy is (`None`: nowhere, or not known).
+    pub(crate) fn with_slots(self, slots: Vec<Option<usize>>) -> Self {
+        *self.slots.lock() = slots;
+        self
     }
 
     /// Chunks stay set at least `delay` after their last write.
@@ -587,11 +602,22 @@ impl Keeper {
                 cleared,
                 bitmap: bitmap.clone(),
             };
-            write(c.as_ref(), &sb).await.map_err(|e| Error::Component {
-                component: i,
-                volume_sector: None,
-                source: Box::new(e),
-            })?;
+            // Not over the component's newest valid copy: after a torn write that is the
+            // slot `events` would name.
+            let valid = self.slots.lock().get(i).copied().flatten();
+            let slot = valid.map_or(sb.slot(), |v| 1 - v);
+            write(c.as_ref(), &sb, slot)
+                .await
+                .map_err(|e| Error::Component {
+                    component: i,
+                    volume_sector: None,
+                    source: Box::new(e),
+                })?;
+            let mut slots = self.slots.lock();
+            if slots.len() < n {
+                slots.resize(n, None);
+            }
+            slots[i] = Some(slot);
         }
         *events = next;
         *self.written.lock() = sides;
@@ -659,16 +685,48 @@ pub(crate) async fn open(
     assume_clean: bool,
     delay: std::time::Duration,
 ) -> Result<Plan> {
-    let mut found = Vec::with_capacity(s.components().len());
+    let mirror = s.geometry().is_mirror();
+    let n = s.components().len();
+    let (mut found, mut slots, mut unusable) = (Vec::with_capacity(n), Vec::with_capacity(n), None);
     for (i, c) in s.components().iter().enumerate() {
-        found.push(read(c.as_ref()).await.map_err(|e| Error::Component {
-            component: i,
-            volume_sector: None,
-            source: Box::new(e),
-        })?);
+        match read_slot(c.as_ref()).await {
+            Ok(f) => {
+                slots.push(f.as_ref().map(|&(_, slot)| slot));
+                found.push(f.map(|(sb, _)| sb));
+            }
+            // A mirror side whose copies are both torn or corrupt is treated as blank (stale,
+            // copied whole from its partner) if another component says what the volume is.
+            Err(Error::Metadata(e @ superblock::MetadataError::Checksum { .. })) if mirror => {
+                tracing::warn!(
+                    target: "tagstripe::mirror",
+                    volume = %s.info().name,
+                    component = i,
+                    error = %e,
+                    "both metadata copies are unusable: the side is stale"
+                );
+                unusable.get_or_insert((i, e));
+                slots.push(None);
+                found.push(None);
+            }
+            Err(e) => {
+                return Err(Error::Component {
+                    component: i,
+                    volume_sector: None,
+                    source: Box::new(e),
+                });
+            }
+        }
+    }
+    if let Some((component, e)) = unusable {
+        if found.iter().all(Option::is_none) {
+            return Err(Error::Component {
+                component,
+                volume_sector: None,
+                source: Box::new(Error::Metadata(e)),
+            });
+        }
     }
     let fingerprint = superblock::fingerprint(s.geometry());
-    let mirror = s.geometry().is_mirror();
     let half = s.components().len() / 2;
     let largest = s
         .components()
@@ -686,7 +744,11 @@ pub(crate) async fn open(
     let mut plan = Plan::default();
     match superblock::assemble(&found, fingerprint)? {
         superblock::Assembly::New => {
-            s.keep(Keeper::new(new_uuid(), fingerprint, 0, fresh(), 0).with_delay(delay));
+            s.keep(
+                Keeper::new(new_uuid(), fingerprint, 0, fresh(), 0)
+                    .with_delay(delay)
+                    .with_slots(slots),
+            );
             if mirror && !assume_clean {
                 // A new mirror: the second half copied from the first (written from now
                 // on, and given the volume's metadata, but not read until copied).
@@ -730,7 +792,11 @@ pub(crate) async fn open(
                 bitmap.chunk_sectors() == expect.chunk_sectors() && bitmap.bits() == expect.bits();
             let bitmap = if usable { bitmap } else { expect };
             let clean = bitmap.is_clear();
-            s.keep(Keeper::new(uuid, fingerprint, events, bitmap, cleared).with_delay(delay));
+            s.keep(
+                Keeper::new(uuid, fingerprint, events, bitmap, cleared)
+                    .with_delay(delay)
+                    .with_slots(slots),
+            );
             if mirror {
                 plan.targets = stale.clone();
                 plan.whole = !whole.is_empty() || (!usable && !stale.is_empty());

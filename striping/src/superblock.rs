@@ -4,9 +4,10 @@
 //! end** of each component so the data area still starts at sector 0 and stays layout-exact
 //! with ccd for the usable size.
 //!
-//! Two copies, in alternating slots: an update with event count `e` goes to slot `e % 2`,
-//! so a write torn by a crash spoils at most the copy being written, and the other (one
-//! event older) still decodes. Each copy is checksummed (CRC-32, the IEEE polynomial, by
+//! Two copies, in alternating slots: an update goes to the slot that does not hold the
+//! component's newest valid copy ([`newest_slot`]; slot `e % 2` for event count `e` while no
+//! write has failed), so a torn write spoils at most the copy being written and never the
+//! component's last valid one. Each copy is checksummed (CRC-32, the IEEE polynomial, by
 //! `crc32fast`) and versioned. This module is the format and the decision of
 //! which sides to trust, with no I/O: [`Superblock::encode`], [`Superblock::decode`],
 //! [`newest`] of the two slots, and [`assemble`] over a volume's components.
@@ -337,8 +338,10 @@ impl Superblock {
         }
     }
 
-    /// The slot (0 or 1) this copy is written to: alternating with the event count, so the
-    /// previous copy survives a torn write of this one.
+    /// The slot (0 or 1) this copy goes to when nothing else is known: alternating with the
+    /// event count, so the previous copy survives a torn write of this one. After a torn
+    /// write the component's last valid copy may be in this very slot: a writer that knows
+    /// where it is ([`newest_slot`]) writes to the other one.
     #[must_use]
     pub fn slot(&self) -> usize {
         (self.events % 2) as usize
@@ -506,9 +509,35 @@ pub fn fingerprint(g: &crate::Geometry) -> u64 {
 /// The error of the better slot when metadata is there but neither copy is usable (both
 /// torn or corrupt): such a component is neither new nor trustworthy.
 pub fn newest(slot0: &[u8], slot1: &[u8]) -> Result<Option<Superblock>, MetadataError> {
+    Ok(newest_slot(slot0, slot1)?.map(|(sb, _)| sb))
+}
+
+/// [`newest`], and which slot (0 or 1) holds it. A writer puts its next copy in the other
+/// slot, so that a write torn part-way never takes the component's last valid copy with
+/// it (the slot [`Superblock::slot`] names is right only while no write has failed).
+///
+/// ```
+/// use tagstripe_striping::superblock::{newest_slot, Superblock};
+/// # fn main() -> Result<(), tagstripe_striping::superblock::MetadataError> {
+/// let sb = Superblock::new([7; 16], 2, 0x1234, 984);
+/// let copy = sb.encode();
+/// let torn = vec![0x5a; copy.len()];
+/// let (found, slot) = newest_slot(&torn, &copy)?.unwrap();
+/// assert_eq!((found.events, slot), (sb.events, 1));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// As [`newest`].
+pub fn newest_slot(
+    slot0: &[u8],
+    slot1: &[u8],
+) -> Result<Option<(Superblock, usize)>, MetadataError> {
     match (Superblock::decode(slot0), Superblock::decode(slot1)) {
-        (Ok(a), Ok(b)) => Ok(Some(if b.events > a.events { b } else { a })),
-        (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok(Some(a)),
+        (Ok(a), Ok(b)) => Ok(Some(if b.events > a.events { (b, 1) } else { (a, 0) })),
+        (Ok(a), Err(_)) => Ok(Some((a, 0))),
+        (Err(_), Ok(b)) => Ok(Some((b, 1))),
         (Err(MetadataError::Absent), Err(MetadataError::Absent)) => Ok(None),
         (Err(MetadataError::Absent), Err(e)) | (Err(e), Err(_)) => Err(e),
     }
