@@ -687,7 +687,8 @@ pub(crate) async fn open(
 ) -> Result<Plan> {
     let mirror = s.geometry().is_mirror();
     let n = s.components().len();
-    let (mut found, mut slots, mut unusable) = (Vec::with_capacity(n), Vec::with_capacity(n), None);
+    let (mut found, mut slots, mut unusable) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
     for (i, c) in s.components().iter().enumerate() {
         match read_slot(c.as_ref()).await {
             Ok(f) => {
@@ -695,16 +696,9 @@ pub(crate) async fn open(
                 found.push(f.map(|(sb, _)| sb));
             }
             // A mirror side whose copies are both torn or corrupt is treated as blank (stale,
-            // copied whole from its partner) if another component says what the volume is.
+            // copied whole from its partner) if its partner's metadata is sound.
             Err(Error::Metadata(e @ superblock::MetadataError::Checksum { .. })) if mirror => {
-                tracing::warn!(
-                    target: "tagstripe::mirror",
-                    volume = %s.info().name,
-                    component = i,
-                    error = %e,
-                    "both metadata copies are unusable: the side is stale"
-                );
-                unusable.get_or_insert((i, e));
+                unusable.push((i, e));
                 slots.push(None);
                 found.push(None);
             }
@@ -717,14 +711,21 @@ pub(crate) async fn open(
             }
         }
     }
-    if let Some((component, e)) = unusable {
-        if found.iter().all(Option::is_none) {
+    for (i, e) in unusable {
+        if found[s.partner(i)].is_none() {
             return Err(Error::Component {
-                component,
+                component: i,
                 volume_sector: None,
                 source: Box::new(Error::Metadata(e)),
             });
         }
+        tracing::warn!(
+            target: "tagstripe::mirror",
+            volume = %s.info().name,
+            component = i,
+            error = %e,
+            "both metadata copies are unusable: the side is stale, copied back from its partner"
+        );
     }
     let fingerprint = superblock::fingerprint(s.geometry());
     let half = s.components().len() / 2;

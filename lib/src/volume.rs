@@ -150,8 +150,8 @@ impl VolumeBuilder {
     /// As [`build`](Self::build), and [`crate::Error::Metadata`] for components from
     /// another volume, in another order or of another geometry (named), a stale member
     /// of a volume without a mirror, or a component whose two copies are both torn or
-    /// corrupt (in a mirror, only if no component has sound metadata: otherwise that side
-    /// is stale and copied back whole); I/O errors on a component.
+    /// corrupt (in a mirror, only if its partner's are too: otherwise that side is stale
+    /// and copied back whole); I/O errors on a component.
     pub async fn open(self) -> Result<Volume> {
         let metadata = self.metadata;
         let assume_clean = self.assume_clean;
