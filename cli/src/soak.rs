@@ -217,7 +217,8 @@ fn pause_after_busy(vol: &Volume, delay: Duration) {
 async fn work(
     mut rig: Rig,
     until: Instant,
-    (rate, busy): (f64, Duration),
+    rate: f64,
+    busy: Duration,
     seed: u64,
 ) -> Result<(String, Tally), String> {
     pause_after_busy(&rig.vol, busy);
@@ -385,7 +386,7 @@ pub(crate) fn run(a: &SoakArgs) -> ExitCode {
         let tasks: Vec<_> = rigs
             .into_iter()
             .enumerate()
-            .map(|(i, r)| tokio::spawn(work(r, until, (a.fault_rate, busy), a.seed.wrapping_add(i as u64))))
+            .map(|(i, r)| tokio::spawn(work(r, until, a.fault_rate, busy, a.seed.wrapping_add(i as u64))))
             .collect();
         let mut results = Vec::new();
         for t in tasks {

@@ -289,7 +289,8 @@ impl Keeper {
         }
     }
 
-    /// Where each component's newest valid copy is (`None`: nowhere, or not known).
+    /// Where each component's newest valid copy is (`None`: nowhere, or not known), one
+    /// entry per component (the open reads them all).
     pub(crate) fn with_slots(self, slots: Vec<Option<usize>>) -> Self {
         *self.slots.lock() = slots;
         self
@@ -613,11 +614,9 @@ impl Keeper {
                     volume_sector: None,
                     source: Box::new(e),
                 })?;
-            let mut slots = self.slots.lock();
-            if slots.len() < n {
-                slots.resize(n, None);
+            if let Some(valid) = self.slots.lock().get_mut(i) {
+                *valid = Some(slot);
             }
-            slots[i] = Some(slot);
         }
         *events = next;
         *self.written.lock() = sides;
