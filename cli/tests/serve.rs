@@ -3,7 +3,7 @@
 //! files where the striping map says; a volume striped over three qemu-nbd exports. Skips
 //! with a printed reason when qemu-utils is missing (CI installs it).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use tagstripe_striping::Geometry;
@@ -13,31 +13,7 @@ mod peers;
 use peers::{Peer, have, qemu_nbd, scratch};
 #[path = "common/serve.rs"]
 mod serve;
-use serve::{Serve, have_python_libnbd, qemu_io};
-
-/// Reads the bytes of volume sectors `[start, start + count)` from the component files,
-/// through the striping map.
-fn through_map(g: &Geometry, files: &[PathBuf], start: u64, count: u64) -> Vec<u8> {
-    let data: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
-    let mut out = Vec::with_capacity(count as usize * 512);
-    for p in g.map(start, count).unwrap() {
-        let at = p.cblk as usize * 512;
-        out.extend_from_slice(&data[p.component][at..at + p.count as usize * 512]);
-    }
-    out
-}
-
-fn make_files(dir: &Path, sizes_mib: &[u64]) -> Vec<PathBuf> {
-    sizes_mib
-        .iter()
-        .enumerate()
-        .map(|(i, &m)| {
-            let p = dir.join(format!("c{i}.img"));
-            std::fs::File::create(&p).unwrap().set_len(m << 20).unwrap();
-            p
-        })
-        .collect()
-}
+use serve::{Serve, have_python_libnbd, make_files, qemu_io, through_map};
 
 #[test]
 fn qemu_io_and_qemu_img_against_serve() {

@@ -14,19 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 #[path = "common/peers.rs"]
 mod peers;
-use peers::{Peer, have, nbdkit, qemu_nbd, qemu_nbd_on, scratch};
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use peers::{Peer, have, nbdkit, pattern, qemu_nbd, qemu_nbd_on, scratch};
 
 fn striped_mem(n: usize, sectors: u64) -> Volume {
     let comps: Vec<Arc<dyn DynBlockDevice>> = (0..n)

@@ -3,7 +3,10 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use tagstripe_striping::Geometry;
 
 /// A running `tagstripe serve`; killed on drop unless stopped.
 pub struct Serve {
@@ -148,4 +151,28 @@ pub fn have_python_libnbd() -> bool {
         eprintln!("skipping: /usr/bin/python3 has no nbd module (Debian: python3-libnbd)");
     }
     ok
+}
+
+/// Reads the bytes of volume sectors `[start, start + count)` from the component files,
+/// through the striping map.
+pub fn through_map(g: &Geometry, files: &[PathBuf], start: u64, count: u64) -> Vec<u8> {
+    let data: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let mut out = Vec::with_capacity(count as usize * 512);
+    for p in g.map(start, count).unwrap() {
+        let at = p.cblk as usize * 512;
+        out.extend_from_slice(&data[p.component][at..at + p.count as usize * 512]);
+    }
+    out
+}
+
+pub fn make_files(dir: &Path, sizes_mib: &[u64]) -> Vec<PathBuf> {
+    sizes_mib
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| {
+            let p = dir.join(format!("c{i}.img"));
+            std::fs::File::create(&p).unwrap().set_len(m << 20).unwrap();
+            p
+        })
+        .collect()
 }

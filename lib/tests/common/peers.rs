@@ -7,15 +7,34 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn have(tool: &str) -> bool {
+    have_from(tool, "--version", "qemu-utils / nbdkit")
+}
+
+/// Whether `tool` runs (`tool version_arg` succeeds); prints why a test skips if not, with
+/// the Debian package that has it.
+pub fn have_from(tool: &str, version_arg: &str, package: &str) -> bool {
     let ok = Command::new(tool)
-        .arg("--version")
+        .arg(version_arg)
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        eprintln!("skipping: {tool} is not installed (Debian: qemu-utils / nbdkit)");
+        eprintln!("skipping: {tool} is not installed (Debian: {package})");
     }
     ok
+}
+
+/// `len` bytes of their own for `seed` (xorshift).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 pub fn free_port() -> u16 {
@@ -126,5 +145,40 @@ pub fn nbdkit(args: &[&str]) -> Peer {
         .status()
         .unwrap();
     assert!(st.success(), "nbdkit failed to start");
+    Peer { pid_file, port }
+}
+
+/// nbd-server (the reference server) with one export per `(name, file)`, on loopback;
+/// returns when it accepts connections. It forks a process per client, which ends when
+/// the client disconnects.
+pub fn nbd_server(dir: &Path, exports: &[(&str, &Path)]) -> Peer {
+    let port = free_port();
+    let pid_file = pid_path("nbd-server", port);
+    let mut conf = format!("[generic]\n    listenaddr = 127.0.0.1\n    port = {port}\n");
+    for (name, file) in exports {
+        conf.push_str(&format!(
+            "[{name}]\n    exportname = {}\n    flush = true\n    fua = true\n    trim = true\n",
+            file.display()
+        ));
+    }
+    let conf_path = dir.join(format!("nbd-server-{port}.conf"));
+    std::fs::write(&conf_path, conf).unwrap();
+    let st = Command::new("nbd-server")
+        .arg("-C")
+        .arg(&conf_path)
+        .arg("-p")
+        .arg(&pid_file)
+        .status()
+        .unwrap();
+    assert!(st.success(), "nbd-server failed to start");
+    // It listens before it goes to the background; check rather than assume.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nbd-server is not listening on port {port}"
+        );
+        std::thread::yield_now();
+    }
     Peer { pid_file, port }
 }

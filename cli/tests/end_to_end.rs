@@ -1,0 +1,369 @@
+//! tagstripe against the peers a user meets outside this project:
+//! - its NBD client under a volume striped over exports of nbd-server, the reference server;
+//! - fio's `nbd` engine writing through `tagstripe serve` and verifying every block it wrote;
+//! - a real filesystem (ext4 on a striped volume, XFS on a mirror) made, filled, checked by
+//!   its own fsck and read back after the server restarts, on a served volume reached through
+//!   nbdfuse and a loop device: what a user does to put a filesystem on a volume on a kernel
+//!   with no nbd driver.
+//!
+//! Each test skips with a printed reason where a tool (or root, for the loop device and the
+//! mounts) is missing; CI installs the tools and runs as root.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tagstripe_striping::Geometry;
+
+#[path = "../../lib/tests/common/peers.rs"]
+mod peers;
+use peers::{have, have_from, nbd_server, pattern, scratch};
+#[path = "common/serve.rs"]
+mod serve;
+use serve::{Serve, make_files, qemu_io, through_map};
+
+/// Runs `cmd` and panics with what it printed unless it succeeds.
+fn run(cmd: &mut Command) -> String {
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{cmd:?} failed ({}): {text}", o.status);
+    text
+}
+
+#[test]
+fn a_volume_striped_over_nbd_server_exports() {
+    if !have_from("nbd-server", "-V", "nbd-server") || !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("nbd-server");
+    let sizes = [4u64, 6, 5];
+    let files = make_files(&dir, &sizes);
+    let names = ["c0", "c1", "c2"];
+    let exports: Vec<(&str, &Path)> = names
+        .iter()
+        .zip(&files)
+        .map(|(n, f)| (*n, f.as_path()))
+        .collect();
+    let peer = nbd_server(&dir, &exports);
+    let urls: Vec<String> = names
+        .iter()
+        .map(|n| format!("nbd://127.0.0.1:{}/{n}", peer.port))
+        .collect();
+    // tagstripe's client reads what nbd-server offers (it sends no block sizes, and no
+    // structured replies at 3.24).
+    let info = run(Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args(["info", "--json"])
+        .arg(&urls[1]));
+    let j: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(j["bytes"], 6 << 20, "{info}");
+    assert_eq!(j["caps"]["flush"], true, "{info}");
+
+    let mut args = vec!["--interleave", "16"];
+    args.extend(urls.iter().map(String::as_str));
+    let serve = Serve::start(&args);
+    let text = qemu_io(
+        &serve.url,
+        &[
+            "write -P 0xa5 0 1M".into(),
+            "write -P 0x3c 3000k 700k".into(),
+            "write -z 64k 64k".into(),
+            "aio_write -P 0x11 8M 256k".into(),
+            "aio_write -P 0x22 9M 256k".into(),
+            "aio_flush".into(),
+            "read -P 0xa5 0 64k".into(),
+            "read -P 0 64k 64k".into(),
+            "read -P 0xa5 128k 896k".into(),
+            "read -P 0x3c 3000k 700k".into(),
+            "read -P 0x11 8M 256k".into(),
+            "read -P 0x22 9M 256k".into(),
+            "flush".into(),
+        ],
+    );
+    assert!(text.contains("read 716800/716800"), "{text}");
+    let (ok, err) = serve.stop();
+    assert!(ok, "serve did not stop cleanly: {err}");
+
+    // The bytes are where the striping map puts them, in nbd-server's files.
+    let g = Geometry::builder(sizes.map(|m| m * 2048), 16)
+        .build()
+        .unwrap();
+    assert_eq!(through_map(&g, &files, 0, 128), vec![0xa5; 64 << 10]);
+    assert_eq!(through_map(&g, &files, 128, 128), vec![0; 64 << 10]);
+    assert_eq!(through_map(&g, &files, 256, 1792), vec![0xa5; 896 << 10]);
+    assert_eq!(through_map(&g, &files, 6000, 1400), vec![0x3c; 700 << 10]);
+    assert_eq!(through_map(&g, &files, 16384, 512), vec![0x11; 256 << 10]);
+    assert_eq!(through_map(&g, &files, 18432, 512), vec![0x22; 256 << 10]);
+    peer.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve`'s arguments: `flags`, then the component files.
+fn serve_args<'a>(flags: &[&'a str], files: &'a [PathBuf]) -> Vec<&'a str> {
+    let mut args = flags.to_vec();
+    args.extend(files.iter().map(|p| p.to_str().unwrap()));
+    args
+}
+
+/// fio's JSON for one job: bytes written and read, and its error code.
+fn fio_job(j: &serde_json::Value) -> (u64, u64, i64) {
+    (
+        j["write"]["io_bytes"].as_u64().unwrap(),
+        j["read"]["io_bytes"].as_u64().unwrap(),
+        j["error"].as_i64().unwrap(),
+    )
+}
+
+#[test]
+fn fio_nbd_engine_verifies_what_it_wrote_through_serve() {
+    if !have_from("fio", "--version", "fio") {
+        return;
+    }
+    let engines = run(Command::new("fio").arg("--enghelp"));
+    if !engines.lines().any(|l| l.trim() == "nbd") {
+        eprintln!("skipping: this fio has no nbd engine (built without libnbd)");
+        return;
+    }
+    let dir = scratch("fio");
+    let files = make_files(&dir, &[16, 16, 16]);
+    let serve = Serve::start(&serve_args(&["--interleave", "16"], &files));
+    // Two jobs, each on its own 24 MiB half, random writes of 4-64 KiB at depth 16, then a
+    // read of every block checked against the CRC fio wrote into it.
+    let out = run(Command::new("fio")
+        .args([
+            "--output-format=json",
+            "--name=verify",
+            "--ioengine=nbd",
+            "--rw=randwrite",
+            "--bsrange=4k-64k",
+            "--iodepth=16",
+            "--numjobs=2",
+            "--size=24m",
+            "--offset_increment=24m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .arg(format!("--uri={}", serve.url)));
+    let json = &out[out.find('{').expect("fio printed no JSON")..];
+    let j: serde_json::Value = serde_json::from_str(json).unwrap();
+    let jobs = j["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "{out}");
+    for job in jobs {
+        let (written, read, error) = fio_job(job);
+        assert_eq!(error, 0, "{out}");
+        assert_eq!(written, 24 << 20, "{out}");
+        assert_eq!(
+            read, written,
+            "every block written was read back and verified: {out}"
+        );
+    }
+    let (ok, err) = serve.stop();
+    assert!(ok, "serve did not stop cleanly: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// nbdfuse exposing an NBD export as the file `<mountpoint>/nbd`; unmounted on drop.
+struct Fuse {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Fuse {
+    fn start(dir: &Path, url: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let pid = dir.with_extension("pid");
+        let _ = std::fs::remove_file(&pid);
+        let mut child = Command::new("nbdfuse")
+            .arg("-P")
+            .arg(&pid)
+            .arg(dir)
+            .arg(url)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // nbdfuse writes its pid file once the file system is ready.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::metadata(&pid).map_or(true, |m| m.len() == 0) {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("nbdfuse ended ({st}) before it was ready");
+            }
+            assert!(Instant::now() < deadline, "nbdfuse was not ready in 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self {
+            child,
+            dir: dir.to_owned(),
+        }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.join("nbd")
+    }
+}
+
+impl Drop for Fuse {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loop device over a file; detached on drop.
+struct LoopDev(PathBuf);
+
+impl LoopDev {
+    fn over(file: &Path) -> Self {
+        let out = run(Command::new("losetup").args(["--find", "--show"]).arg(file));
+        Self(PathBuf::from(out.trim()))
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+/// A mounted file system; unmounted on drop.
+struct Mount(PathBuf);
+
+impl Mount {
+    fn new(dev: &Path, at: &Path) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        run(Command::new("mount").arg(dev).arg(at));
+        Self(at.to_owned())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The files a user puts on a new file system: a tree of small files of many sizes and one
+/// large file, each of its own bytes.
+fn content() -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = (0..150usize)
+        .map(|i| {
+            let size = 1 + (i * 7919) % 70_000;
+            (format!("d{}/f{i}", i % 12), pattern(i as u64, size))
+        })
+        .collect();
+    files.push(("big".into(), pattern(150, 24 << 20)));
+    files
+}
+
+/// One file system's life on a served volume: `mkfs`, fill, unmount, `fsck` (clean), stop
+/// the server; start it again on the same components and read every file back.
+fn filesystem_round_trip(
+    dir: &Path,
+    serve_args: &[&str],
+    mkfs: &[&str],
+    fsck: &[&str],
+) -> Result<(), String> {
+    let files = content();
+    let sock = dir.join("vol.sock");
+    let listen = format!("unix:{}", sock.display());
+    for round in 0..2 {
+        let serve = Serve::start_on(&listen, serve_args);
+        {
+            let fuse = Fuse::start(&dir.join("fuse"), &serve.url);
+            let dev = LoopDev::over(&fuse.file());
+            let mnt = dir.join("mnt");
+            if round == 0 {
+                run(Command::new(mkfs[0]).args(&mkfs[1..]).arg(&dev.0));
+                let m = Mount::new(&dev.0, &mnt);
+                for (name, data) in &files {
+                    let p = m.0.join(name);
+                    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                    std::fs::write(&p, data).unwrap();
+                }
+                run(Command::new("sync").arg("-f").arg(&m.0));
+                drop(m);
+                run(Command::new(fsck[0]).args(&fsck[1..]).arg(&dev.0));
+            } else {
+                run(Command::new(fsck[0]).args(&fsck[1..]).arg(&dev.0));
+                let m = Mount::new(&dev.0, &mnt);
+                for (name, data) in &files {
+                    let got = std::fs::read(m.0.join(name)).map_err(|e| format!("{name}: {e}"))?;
+                    if &got != data {
+                        return Err(format!("{name} came back different after the restart"));
+                    }
+                }
+            }
+        }
+        let (ok, err) = serve.stop();
+        if !ok {
+            return Err(format!("serve did not stop cleanly: {err}"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether this test can mount things: root, loop devices, nbdfuse and `/dev/fuse`.
+fn can_mount() -> bool {
+    let uid = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        eprintln!("skipping: not root (loop devices and mounts)");
+        return false;
+    }
+    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
+        eprintln!("skipping: no /dev/fuse or /dev/loop-control");
+        return false;
+    }
+    have_from("nbdfuse", "--version", "libnbd-bin") && have_from("losetup", "--version", "mount")
+}
+
+#[test]
+fn ext4_on_a_striped_volume_through_nbdfuse() {
+    if !can_mount() || !have_from("mkfs.ext4", "-V", "e2fsprogs") {
+        return;
+    }
+    let dir = scratch("ext4");
+    let files = make_files(&dir, &[100, 140, 120]);
+    filesystem_round_trip(
+        &dir,
+        &serve_args(&["--interleave", "64"], &files),
+        &["mkfs.ext4", "-q", "-F"],
+        &["fsck.ext4", "-f", "-n"],
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn xfs_on_a_mirror_through_nbdfuse() {
+    if !can_mount() || !have_from("mkfs.xfs", "-V", "xfsprogs") {
+        return;
+    }
+    let dir = scratch("xfs");
+    // XFS wants at least 300 MB; a mirror of two 160 MiB stripes on each side.
+    let files = make_files(&dir, &[160, 160, 160, 160]);
+    let flags = ["--mirror", "--flavor", "freebsd", "--interleave", "128"];
+    filesystem_round_trip(
+        &dir,
+        &serve_args(&flags, &files),
+        &["mkfs.xfs", "-q", "-f"],
+        &["xfs_repair", "-n"],
+    )
+    .unwrap();
+    // The two sides hold the same data (all but the metadata in each component's last 16
+    // sectors), so either could serve every read.
+    let side = |a: usize, b: usize| {
+        let (x, y) = (
+            std::fs::read(&files[a]).unwrap(),
+            std::fs::read(&files[b]).unwrap(),
+        );
+        let data = x.len() - 16 * 512;
+        x.len() == y.len() && x[..data] == y[..data]
+    };
+    assert!(side(0, 2) && side(1, 3), "the mirror's sides differ");
+    let _ = std::fs::remove_dir_all(&dir);
+}
