@@ -1,5 +1,7 @@
 //! tagstripe against the peers a user meets outside this project:
 //! - its NBD client under a volume striped over exports of nbd-server, the reference server;
+//! - its NBD client under exports that fail any request breaking their advertised block
+//!   sizes (nbdkit's blocksize-policy filter);
 //! - fio's `nbd` engine writing through `tagstripe serve` and verifying every block it wrote;
 //! - a real filesystem (ext4 on a striped volume, XFS on a mirror) made, filled, checked by
 //!   its own fsck and read back after the server restarts, on a served volume reached through
@@ -17,7 +19,7 @@ use tagstripe_striping::Geometry;
 
 #[path = "../../lib/tests/common/peers.rs"]
 mod peers;
-use peers::{have, have_from, nbd_server, pattern, scratch};
+use peers::{have, have_from, nbd_server, nbdkit, pattern, scratch};
 #[path = "common/serve.rs"]
 mod serve;
 use serve::{Serve, make_files, qemu_io, through_map};
@@ -101,6 +103,53 @@ fn a_volume_striped_over_nbd_server_exports() {
     assert_eq!(through_map(&g, &files, 18432, 512), vec![0x22; 256 << 10]);
     peer.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_volume_over_exports_that_refuse_what_breaks_their_block_sizes() {
+    if !have("nbdkit") || !have("qemu-io") {
+        return;
+    }
+    // nbdkit's blocksize-policy filter advertises 4 KiB blocks and 64 KiB requests, and
+    // fails (EINVAL) any request that breaks them, so a client that does not honour what
+    // the server advertises fails here.
+    let strict = || {
+        nbdkit(&[
+            "--filter=blocksize-policy",
+            "memory",
+            "32M",
+            "blocksize-minimum=4096",
+            "blocksize-preferred=65536",
+            "blocksize-maximum=65536",
+            "blocksize-error-policy=error",
+        ])
+    };
+    let (a, b) = (strict(), strict());
+    let urls = [a.port, b.port].map(|p| format!("nbd://127.0.0.1:{p}/"));
+    let serve = Serve::start(&["--interleave", "256", &urls[0], &urls[1]]);
+    let info = run(Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args(["info", "--json"])
+        .arg(&serve.url));
+    let j: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(j["logical_block_size"], 4096, "{info}");
+    // qemu aligns to the volume's 4 KiB blocks itself (read-modify-write); tagstripe cuts
+    // the 3 MiB write and read into pieces of at most 64 KiB for each component.
+    qemu_io(
+        &serve.url,
+        &[
+            "write -P 0xab 512 3M".into(),
+            "write -z 1M 1M".into(),
+            "flush".into(),
+            "read -P 0 0 512".into(),
+            "read -P 0xab 512 1047552".into(),
+            "read -P 0 1M 1M".into(),
+            "read -P 0xab 2M 1M".into(),
+            "read -P 0xab 3M 512".into(),
+            "read -P 0 3146240 3584".into(),
+        ],
+    );
+    let (ok, err) = serve.stop();
+    assert!(ok, "serve did not stop cleanly: {err}");
 }
 
 /// `serve`'s arguments: `flags`, then the component files.
