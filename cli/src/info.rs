@@ -116,7 +116,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     outln!(
-        "{} ({}): {} sectors ({} bytes), logical {} B, physical {} B",
+        "{} ({}): {} sectors ({} bytes), logical {} B, physical {}",
         args.path.display(),
         if kind == "block" {
             "block device"
@@ -126,7 +126,10 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
         info.sectors,
         info.bytes(),
         info.limits.logical_block_size,
-        info.limits.physical_block_size
+        match info.limits.physical_block_size {
+            0 => "not reported".to_owned(),
+            b => format!("{b} B"),
+        }
     );
     outln!("identity: {}", info.identity);
     outln!("{}", caps_line(&info.caps));

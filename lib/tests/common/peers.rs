@@ -171,14 +171,14 @@ pub fn nbd_server(dir: &Path, exports: &[(&str, &Path)]) -> Peer {
         .status()
         .unwrap();
     assert!(st.success(), "nbd-server failed to start");
-    // It listens before it goes to the background; check rather than assume.
+    // It may go to the background before it listens: wait until it does.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
             std::time::Instant::now() < deadline,
             "nbd-server is not listening on port {port}"
         );
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     Peer { pid_file, port }
 }
