@@ -13,7 +13,7 @@ use tagstripe::nbd::proto;
 
 #[path = "../../lib/tests/common/peers.rs"]
 mod peers;
-use peers::{Peer, free_port, have, nbdkit, qemu_nbd_with, scratch};
+use peers::{Peer, free_port, have, have_from, nbdkit, qemu_nbd_with, scratch};
 #[path = "../../lib/tests/common/certs.rs"]
 mod certs;
 #[path = "common/serve.rs"]
@@ -264,5 +264,268 @@ fn volume_over_tls_components() {
         "the qemu-nbd component got its units"
     );
     drop((k1, k2, q));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `openssl` with `args` in `dir` and panics with what it said unless it succeeds.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let (ok, text) = out(Command::new("openssl").current_dir(dir).args(args));
+    assert!(ok, "openssl {args:?}: {text}");
+}
+
+/// A new CA in `dir`: `ca-cert.pem` (self-signed, RSA) and `ca-key.pem`.
+fn new_ca(dir: &std::path::Path, name: &str) {
+    let subject = format!("/CN={name}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca-cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            &subject,
+        ],
+    );
+}
+
+/// Signs `csr` with the CA in `dir` into `cert`, with the extensions in `ext` (none: an
+/// X.509 version 1 certificate, what `openssl x509 -req` makes without `-extfile`).
+fn sign(dir: &std::path::Path, csr: &str, cert: &str, ext: Option<&str>) {
+    let mut args = vec![
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        "ca-cert.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        cert,
+    ];
+    if let Some(ext) = ext {
+        std::fs::write(dir.join("ext.cnf"), ext).unwrap();
+        args.extend(["-extfile", "ext.cnf"]);
+    }
+    openssl(dir, &args);
+}
+
+/// `tagstripe info` on an `nbds://` URL verified against `ca_dir`: whether it connected, and
+/// what it said.
+fn info_over_tls(port: u16, ca_dir: &std::path::Path) -> (bool, String) {
+    out(Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .arg("info")
+        .arg(format!(
+            "nbds://127.0.0.1:{port}/vol?tls-certificates={}",
+            ca_dir.display()
+        )))
+}
+
+#[test]
+fn certificates_made_by_openssl_and_their_pitfalls_explained() {
+    if !have_from("openssl", "version", "openssl") {
+        return;
+    }
+    // A CA, and a server key in each of the three forms openssl writes: RSA in PKCS#8
+    // (`req -newkey`), RSA in PKCS#1 (`rsa -traditional`) and EC in SEC1 (`ecparam`).
+    let dir = scratch("openssl");
+    let ca = |args: &[&str]| openssl(&dir, args);
+    new_ca(&dir, "tagstripe test CA");
+    ca(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "rsa-key.pem",
+        "-out",
+        "rsa.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    ca(&[
+        "rsa",
+        "-in",
+        "rsa-key.pem",
+        "-traditional",
+        "-out",
+        "rsa1-key.pem",
+    ]);
+    ca(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        "ec-key.pem",
+    ]);
+    ca(&[
+        "req",
+        "-new",
+        "-key",
+        "ec-key.pem",
+        "-out",
+        "ec.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    let san = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n";
+    sign(&dir, "rsa.csr", "rsa-cert.pem", Some(san));
+    sign(&dir, "ec.csr", "ec-cert.pem", Some(san));
+    sign(&dir, "rsa.csr", "v1-cert.pem", None);
+    sign(
+        &dir,
+        "rsa.csr",
+        "cn-cert.pem",
+        Some("extendedKeyUsage=serverAuth\n"),
+    );
+    sign(
+        &dir,
+        "rsa.csr",
+        "eku-cert.pem",
+        Some("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=clientAuth\n"),
+    );
+    let clients = dir.join("client");
+    std::fs::create_dir_all(&clients).unwrap();
+    std::fs::copy(dir.join("ca-cert.pem"), clients.join("ca-cert.pem")).unwrap();
+    let disk = dir.join("v.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+
+    // A server's directory with one certificate and key, and `serve` on one.
+    let server_dir = |cert: &str, key: &str| {
+        let name = format!(
+            "{}+{}",
+            cert.trim_end_matches(".pem"),
+            key.trim_end_matches(".pem")
+        );
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for (from, to) in [
+            ("ca-cert.pem", "ca-cert.pem"),
+            (cert, "server-cert.pem"),
+            (key, "server-key.pem"),
+        ] {
+            std::fs::copy(dir.join(from), d.join(to)).unwrap();
+        }
+        d
+    };
+    let serve_with = |cert: &str, key: &str| {
+        let d = server_dir(cert, key);
+        Serve::start(&[
+            "--tls",
+            "require",
+            "--tls-certificates",
+            d.to_str().unwrap(),
+            disk.to_str().unwrap(),
+        ])
+    };
+    let port = |s: &Serve| {
+        s.url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+    };
+
+    for (cert, key) in [
+        ("rsa-cert.pem", "rsa-key.pem"),
+        ("rsa-cert.pem", "rsa1-key.pem"),
+        ("ec-cert.pem", "ec-key.pem"),
+    ] {
+        let s = serve_with(cert, key);
+        let (ok, text) = info_over_tls(port(&s), &clients);
+        assert!(ok, "{cert} with {key}: {text}");
+        assert!(text.contains("8192 sectors"), "{text}");
+        if have("nbdinfo") {
+            let (ok, text) = out(Command::new("nbdinfo").arg(format!(
+                "nbds://127.0.0.1:{}/vol?tls-certificates={}",
+                port(&s),
+                clients.display()
+            )));
+            assert!(
+                ok && text.contains("with TLS"),
+                "nbdinfo, {cert} with {key}: {text}"
+            );
+        }
+    }
+
+    // What openssl makes when the steps are not quite right. qemu-nbd (GnuTLS) serves
+    // with each; tagstripe's client refuses them (rustls follows the WebPKI rules) and says
+    // what to change (rustls' own words where they say it).
+    if have("qemu-nbd") {
+        for (cert, says) in [
+            ("v1-cert.pem", "X.509 version 1"),
+            ("cn-cert.pem", "its common name (CN) is not used"),
+            (
+                "eku-cert.pem",
+                "does not allow extended key usage for server authentication",
+            ),
+        ] {
+            let d = server_dir(cert, "rsa-key.pem");
+            let port = free_port();
+            let creds = format!("tls-creds-x509,id=tls0,endpoint=server,dir={}", d.display());
+            let peer = qemu_nbd_with(
+                &disk,
+                "vol",
+                port,
+                &["--object", &creds, "--tls-creds", "tls0"],
+            );
+            let (ok, text) = info_over_tls(port, &clients);
+            assert!(!ok, "{cert} was taken: {text}");
+            assert!(
+                text.contains("handshake failed") && text.contains(says),
+                "{cert}: {text}"
+            );
+            peer.stop();
+        }
+    }
+    // `serve` itself refuses a version 1 certificate when it starts, naming the file.
+    let d = server_dir("v1-cert.pem", "rsa-key.pem");
+    let (ok, text) = out(Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls",
+            "require",
+            "--tls-certificates",
+        ])
+        .arg(&d)
+        .arg(&disk));
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("server-cert.pem: unusable certificate: the certificate is X.509 version 1"),
+        "{text}"
+    );
+    // A CA that did not sign the server's certificate.
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    new_ca(&other, "another CA");
+    let s = serve_with("rsa-cert.pem", "rsa-key.pem");
+    let (ok, text) = info_over_tls(port(&s), &other);
+    assert!(
+        !ok && text.contains("not signed by a CA in ca-cert.pem"),
+        "{text}"
+    );
+    drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

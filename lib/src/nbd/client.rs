@@ -665,7 +665,7 @@ async fn connect_tls(
         .await
         .map_err(|e| Error::Tls {
             path: name.to_owned(),
-            what: format!("handshake failed: {e}"),
+            what: super::tls::handshake_failure(&e),
         })?;
     h.tls_established();
     let Status::Ready(info) = handshake(name, &mut h, &mut tls).await? else {

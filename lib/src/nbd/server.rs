@@ -386,7 +386,7 @@ impl NbdServer {
                             let _ = self.drive(&mut s, stream, &mut d).await;
                         }
                     }
-                    Ok(Err(e)) => tls_failure = Some(e.to_string()),
+                    Ok(Err(e)) => tls_failure = Some(super::tls::handshake_failure(&e)),
                     Err(_) => d.timed_out = true,
                 }
             }
@@ -399,7 +399,7 @@ impl NbdServer {
             tracing::warn!(target: "tagstripe::nbd", error = %e, "TLS handshake failed");
             return Err(Error::Tls {
                 path: "client".to_owned(),
-                what: format!("handshake failed: {e}"),
+                what: e,
             });
         }
         if d.timed_out {

@@ -77,7 +77,7 @@ pub fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::Server
     };
     let config = builder
         .with_single_cert(chain, key)
-        .map_err(|e| tls_err(&dir.join("server-key.pem"), e))?;
+        .map_err(|e| own_failure(dir, "server", &e))?;
     Ok(Arc::new(config))
 }
 
@@ -95,9 +95,104 @@ pub fn client_config(dir: &Path) -> Result<Arc<rustls::ClientConfig>> {
     let config = if cert.exists() && key_path.exists() {
         builder
             .with_client_auth_cert(certs(&cert)?, key(&key_path)?)
-            .map_err(|e| tls_err(&key_path, e))?
+            .map_err(|e| own_failure(dir, "client", &e))?
     } else {
         builder.with_no_client_auth()
     };
     Ok(Arc::new(config))
+}
+
+/// Why our own certificate and key (`<who>-cert.pem`, `<who>-key.pem` in `dir`) cannot be
+/// used, naming the file at fault: the certificate when rustls cannot take it, else the key.
+fn own_failure(dir: &Path, who: &str, e: &rustls::Error) -> Error {
+    match e {
+        rustls::Error::InvalidCertificate(c) => tls_err(
+            &dir.join(format!("{who}-cert.pem")),
+            match certificate_hint(e) {
+                Some(h) => format!("unusable certificate: {h}"),
+                None => format!("unusable certificate: {c:?}"),
+            },
+        ),
+        rustls::Error::InconsistentKeys(_) => tls_err(
+            &dir.join(format!("{who}-key.pem")),
+            format!("does not match {who}-cert.pem ({e})"),
+        ),
+        _ => tls_err(&dir.join(format!("{who}-key.pem")), e),
+    }
+}
+
+/// What a failed handshake says, with a hint where the cause is a certificate made in a way
+/// that TLS here (rustls, WebPKI rules) refuses but older tools accept: the pitfalls of
+/// making certificates by hand with `openssl`.
+pub(crate) fn handshake_failure(e: &std::io::Error) -> String {
+    let hint = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .and_then(certificate_hint);
+    match hint {
+        Some(h) => format!("handshake failed: {e} ({h})"),
+        None => format!("handshake failed: {e}"),
+    }
+}
+
+fn certificate_hint(e: &rustls::Error) -> Option<&'static str> {
+    use rustls::CertificateError as C;
+    let rustls::Error::InvalidCertificate(c) = e else {
+        return None;
+    };
+    Some(match c {
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            "the name or address connected to must be in the certificate's subjectAltName \
+             (DNS: or IP:); its common name (CN) is not used"
+        }
+        C::UnknownIssuer => "the certificate is not signed by a CA in ca-cert.pem",
+        C::Other(other) => match other.0.downcast_ref::<webpki::Error>()? {
+            webpki::Error::UnsupportedCertVersion => {
+                "the certificate is X.509 version 1, which has no extensions (`openssl x509 \
+                 -req` makes one unless given -extfile): make it version 3 with a \
+                 subjectAltName"
+            }
+            webpki::Error::CaUsedAsEndEntity => {
+                "the certificate presented is a CA's (basicConstraints CA:TRUE): present one \
+                 the CA issued"
+            }
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(e: rustls::CertificateError) -> String {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(e),
+        );
+        handshake_failure(&io)
+    }
+
+    fn webpki(e: webpki::Error) -> rustls::CertificateError {
+        rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))
+    }
+
+    #[test]
+    fn certificate_pitfalls_are_explained() {
+        let v1 = failure(webpki(webpki::Error::UnsupportedCertVersion));
+        assert!(
+            v1.starts_with("handshake failed: invalid peer certificate"),
+            "{v1}"
+        );
+        assert!(v1.contains("X.509 version 1"), "{v1}");
+        assert!(failure(rustls::CertificateError::NotValidForName).contains("subjectAltName"));
+        assert!(failure(rustls::CertificateError::UnknownIssuer).contains("ca-cert.pem"));
+        assert!(failure(webpki(webpki::Error::CaUsedAsEndEntity)).contains("CA:TRUE"));
+        // Anything else is said as rustls says it, with no hint.
+        let expired = failure(rustls::CertificateError::Expired);
+        assert!(!expired.contains('('), "{expired}");
+        let plain = handshake_failure(&std::io::Error::other("connection reset"));
+        assert_eq!(plain, "handshake failed: connection reset");
+    }
 }
