@@ -197,7 +197,10 @@ fn fio_nbd_engine_verifies_what_it_wrote_through_serve() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No verify-state files left behind (fio writes them into its directory).
+            "--verify_state_save=0",
         ])
+        .current_dir(&dir)
         .arg(format!("--uri={}", serve.url)));
     let json = &out[out.find('{').expect("fio printed no JSON")..];
     let j: serde_json::Value = serde_json::from_str(json).unwrap();
