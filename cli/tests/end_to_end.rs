@@ -6,7 +6,10 @@
 //! - a real filesystem (ext4 on a striped volume, XFS on a mirror) made, filled, checked by
 //!   its own fsck and read back after the server restarts, on a served volume reached through
 //!   nbdfuse and a loop device: what a user does to put a filesystem on a volume on a kernel
-//!   with no nbd driver.
+//!   with no nbd driver;
+//! - ext4 on a mirror whose second side (behind nbdkit's error filter) fails while files are
+//!   written: the side is dropped, nothing is lost, and after a restart the side is stale,
+//!   resynced online, and the same bytes as the first again.
 //!
 //! Each test skips with a printed reason where a tool (or root, for the loop device and the
 //! mounts) is missing; CI installs the tools and runs as root.
@@ -312,6 +315,27 @@ fn content() -> Vec<(String, Vec<u8>)> {
     files
 }
 
+/// Writes `files` under the mount and syncs its file system.
+fn write_files(m: &Mount, files: &[(String, Vec<u8>)]) {
+    for (name, data) in files {
+        let p = m.0.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, data).unwrap();
+    }
+    run(Command::new("sync").arg("-f").arg(&m.0));
+}
+
+/// Whether every one of `files` reads back as written.
+fn check_files(m: &Mount, files: &[(String, Vec<u8>)]) -> Result<(), String> {
+    for (name, data) in files {
+        let got = std::fs::read(m.0.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        if &got != data {
+            return Err(format!("{name} came back different"));
+        }
+    }
+    Ok(())
+}
+
 /// One file system's life on a served volume: `mkfs`, fill, unmount, `fsck` (clean), stop
 /// the server; start it again on the same components and read every file back.
 fn filesystem_round_trip(
@@ -332,23 +356,13 @@ fn filesystem_round_trip(
             if round == 0 {
                 run(Command::new(mkfs[0]).args(&mkfs[1..]).arg(&dev.0));
                 let m = Mount::new(&dev.0, &mnt);
-                for (name, data) in &files {
-                    let p = m.0.join(name);
-                    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-                    std::fs::write(&p, data).unwrap();
-                }
-                run(Command::new("sync").arg("-f").arg(&m.0));
+                write_files(&m, &files);
                 drop(m);
                 run(Command::new(fsck[0]).args(&fsck[1..]).arg(&dev.0));
             } else {
                 run(Command::new(fsck[0]).args(&fsck[1..]).arg(&dev.0));
                 let m = Mount::new(&dev.0, &mnt);
-                for (name, data) in &files {
-                    let got = std::fs::read(m.0.join(name)).map_err(|e| format!("{name}: {e}"))?;
-                    if &got != data {
-                        return Err(format!("{name} came back different after the restart"));
-                    }
-                }
+                check_files(&m, &files)?;
             }
         }
         let (ok, err) = serve.stop();
@@ -417,5 +431,87 @@ fn xfs_on_a_mirror_through_nbdfuse() {
         x.len() == y.len() && x[..data] == y[..data]
     };
     assert!(side(0, 2) && side(1, 3), "the mirror's sides differ");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ext4_on_a_mirror_that_loses_a_side_and_heals() {
+    if !can_mount() || !have_from("mkfs.ext4", "-V", "e2fsprogs") || !have("nbdkit") {
+        return;
+    }
+    let dir = scratch("heal");
+    let files = make_files(&dir, &[96, 96]);
+    // Side 1 is behind nbdkit, whose error filter fails every request while `trigger` exists.
+    let trigger = dir.join("fail-now");
+    let error_file = format!("error-file={}", trigger.display());
+    let side1 = nbdkit(&[
+        "--filter=error",
+        "file",
+        files[1].to_str().unwrap(),
+        "error-rate=100%",
+        &error_file,
+    ]);
+    let url = format!("nbd://127.0.0.1:{}/", side1.port);
+    let args = [
+        "--mirror",
+        "--flavor",
+        "freebsd",
+        "--interleave",
+        "128",
+        files[0].to_str().unwrap(),
+        &url,
+    ];
+    let listen = format!("unix:{}", dir.join("vol.sock").display());
+    let all = content();
+    let (before, after) = all.split_at(80);
+    let mnt = dir.join("mnt");
+
+    // A new mirror: side 1 is copied from side 0 first; then ext4, and files on both sides.
+    let mut serve = Serve::start_on(&listen, &args);
+    serve.wait_err("resync complete");
+    {
+        let fuse = Fuse::start(&dir.join("fuse"), &serve.url);
+        let dev = LoopDev::over(&fuse.file());
+        run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&dev.0));
+        let m = Mount::new(&dev.0, &mnt);
+        write_files(&m, before);
+        // Side 1 fails: the mirror drops it and goes on with side 0 alone.
+        std::fs::write(&trigger, b"").unwrap();
+        write_files(&m, after);
+        check_files(&m, &all).unwrap();
+        drop(m);
+        run(Command::new("fsck.ext4").args(["-f", "-n"]).arg(&dev.0));
+    }
+    let dropped = serve.wait_err("dropped");
+    assert!(dropped.contains("mirror side 1 dropped"), "{dropped}");
+    let (ok, err) = serve.stop();
+    assert!(ok, "serve did not stop cleanly: {err}");
+
+    // The fault is fixed; the volume opens with side 1 stale (never read), and heals online.
+    std::fs::remove_file(&trigger).unwrap();
+    let mut serve = Serve::start_on(&listen, &args);
+    serve.wait_err("mirror side 1 is stale");
+    let done = serve.wait_err("resync complete");
+    assert!(done.contains("side 1 in sync"), "{done}");
+    {
+        let fuse = Fuse::start(&dir.join("fuse"), &serve.url);
+        let dev = LoopDev::over(&fuse.file());
+        run(Command::new("fsck.ext4").args(["-f", "-n"]).arg(&dev.0));
+        let m = Mount::new(&dev.0, &mnt);
+        check_files(&m, &all).unwrap();
+    }
+    let (ok, err) = serve.stop();
+    assert!(ok, "serve did not stop cleanly: {err}");
+    // Both sides hold the same data again (all but each one's metadata, its last 16 sectors).
+    let (x, y) = (
+        std::fs::read(&files[0]).unwrap(),
+        std::fs::read(&files[1]).unwrap(),
+    );
+    let data = x.len() - 16 * 512;
+    assert!(
+        x.len() == y.len() && x[..data] == y[..data],
+        "the sides differ after the resync"
+    );
+    side1.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,8 +13,8 @@ pub struct Serve {
     pub child: Child,
     pub url: String,
     pub out: Vec<String>,
-    /// Standard error, once [`Serve::wait_err`] started reading it.
-    err: Option<BufReader<std::process::ChildStderr>>,
+    /// Standard error's lines, read by a thread once [`Serve::wait_err`] started.
+    err: Option<std::sync::mpsc::Receiver<String>>,
     /// The lines of standard error read so far.
     pub err_lines: Vec<String>,
 }
@@ -60,25 +60,41 @@ impl Serve {
         }
     }
 
-    /// Reads standard error up to the first line that contains `needle` and returns it
-    /// (panics if the server ends first, with what it said).
+    /// Reads standard error up to the first line that contains `needle` and returns it.
+    /// Panics, with what the server said, if it ends first or says nothing of the kind for
+    /// two minutes (a test that waits for an event that never comes fails, not hangs).
     pub fn wait_err(&mut self, needle: &str) -> String {
-        if self.err.is_none() {
-            self.err = Some(BufReader::new(self.child.stderr.take().unwrap()));
-        }
-        let r = self.err.as_mut().unwrap();
+        use std::sync::mpsc::RecvTimeoutError;
+        let rx = self.err.get_or_insert_with(|| {
+            let r = BufReader::new(self.child.stderr.take().unwrap());
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in r.lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            rx
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         loop {
-            let mut line = String::new();
-            let n = r.read_line(&mut line).unwrap();
-            assert!(
-                n > 0,
-                "serve ended before saying {needle:?}: {:?}",
-                self.err_lines
-            );
-            let line = line.trim_end().to_owned();
-            self.err_lines.push(line.clone());
-            if line.contains(needle) {
-                return line;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    let line = line.trim_end().to_owned();
+                    self.err_lines.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "serve did not say {needle:?} in 120 s: {:?}",
+                    self.err_lines
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("serve ended before saying {needle:?}: {:?}", self.err_lines)
+                }
             }
         }
     }
@@ -100,14 +116,22 @@ impl Serve {
         }
         use std::io::Read as _;
         match self.err.take() {
-            Some(mut r) => r.read_to_string(&mut err).unwrap(),
-            None => self
-                .child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap(),
+            // The reader thread ends at the end of standard error, when the server has exited.
+            Some(rx) => {
+                for line in rx {
+                    err.push_str(&line);
+                    err.push('\n');
+                }
+            }
+            None => {
+                _ = self
+                    .child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap()
+            }
         };
         let ok = self.child.wait().unwrap().success();
         (ok, err)
