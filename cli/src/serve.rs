@@ -552,11 +552,21 @@ impl Listener {
         Ok(Self::Unix(l, UnixPath(String::new(), path)))
     }
 
-    /// The URL clients use for `export`.
+    /// The URL clients use for `export` (the name and the socket's path percent-encoded).
     fn url(&self, export: &str) -> String {
+        let url = |addr: String, socket: Option<String>| {
+            tagstripe::nbd::NbdUrl {
+                addr,
+                export: export.to_owned(),
+                socket,
+                tls_certificates: None,
+                tls_hostname: None,
+            }
+            .to_string()
+        };
         match self {
-            Self::Tcp(_, addr) => format!("nbd://{addr}/{export}"),
-            Self::Unix(_, p) => format!("nbd+unix:///{export}?socket={}", p.1),
+            Self::Tcp(_, addr) => url(addr.to_string(), None),
+            Self::Unix(_, p) => url(String::new(), Some(p.1.clone())),
             Self::Stdio => "standard input and output (one connection)".to_owned(),
             Self::Activated(ls) => {
                 let urls: Vec<String> = ls.iter().map(|l| l.url(export)).collect();

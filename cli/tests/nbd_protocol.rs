@@ -262,3 +262,46 @@ fn class_export_is_the_same_volume() {
     assert!(list.contains("backup") && list.contains("vol"), "{list}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An export name with a space, a slash, a `?` and a non-ASCII letter, on TCP and on a Unix
+/// socket whose path has a space: `serve` prints its URL percent-encoded (the NBD URI
+/// document's rule), and libnbd, qemu and tagstripe's own client all reach the export
+/// through it.
+#[test]
+fn export_names_in_urls_are_percent_encoded() {
+    if !have("qemu-io") || !have("nbdinfo") {
+        return;
+    }
+    let dir = scratch("modern-uri");
+    let files = sparse_files(&dir, 1, 16);
+    let name = "my disk/ä?";
+    let sock = dir.join("a socket");
+    let tcp = Serve::start_export("127.0.0.1:0", name, &[&files[0]]);
+    let unix = Serve::start_export(&format!("unix:{}", sock.display()), name, &[&files[0]]);
+    assert!(tcp.url.ends_with("/my%20disk/%C3%A4%3F"), "{}", tcp.url);
+    assert!(
+        unix.url
+            .starts_with("nbd+unix:///my%20disk/%C3%A4%3F?socket=")
+            && unix.url.ends_with("/a%20socket"),
+        "{}",
+        unix.url
+    );
+    for url in [&tcp.url, &unix.url] {
+        let j: serde_json::Value =
+            serde_json::from_str(&run(Command::new("nbdinfo").args(["--json", url]))).unwrap();
+        assert_eq!(j["exports"][0]["export-name"], name, "{url}");
+        qemu_io(
+            url,
+            &[
+                "write -P 0x5e 0 64k".to_owned(),
+                "read -P 0x5e 0 64k".to_owned(),
+            ],
+        );
+        let info = run(Command::new(env!("CARGO_BIN_EXE_tagstripe")).args(["info", url]));
+        assert!(
+            info.contains("16 MiB") || info.contains("32768 sectors"),
+            "{info}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -25,9 +25,14 @@ impl Serve {
     }
 
     pub fn start_on(listen: &str, args: &[&str]) -> Self {
+        Self::start_export(listen, "vol", args)
+    }
+
+    /// `serve` on `listen` with the export named `export`.
+    pub fn start_export(listen: &str, export: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
             .arg("serve")
-            .args(["--listen", listen, "--export", "vol"])
+            .args(["--listen", listen, "--export", export])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
