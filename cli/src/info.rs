@@ -131,7 +131,12 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
             b => format!("{b} B"),
         }
     );
-    outln!("identity: {}", info.identity);
+    let id = &info.identity;
+    if id.vendor.is_empty() && id.model.is_empty() && id.revision.is_empty() {
+        outln!("identity: none reported (no quirk row can match by name)");
+    } else {
+        outln!("identity: {id}");
+    }
     outln!("{}", caps_line(&info.caps));
     outln!("{}", metadata_line(&meta));
     let l = &info.limits;

@@ -68,6 +68,12 @@ fn a_volume_striped_over_nbd_server_exports() {
     let j: serde_json::Value = serde_json::from_str(&info).unwrap();
     assert_eq!(j["bytes"], 6 << 20, "{info}");
     assert_eq!(j["caps"]["flush"], true, "{info}");
+    // What it does not report is said so, not shown as zeros or separators.
+    let text = run(Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .arg("info")
+        .arg(&urls[1]));
+    assert!(text.contains("physical not reported"), "{text}");
+    assert!(text.contains("identity: none reported"), "{text}");
 
     let mut args = vec!["--interleave", "16"];
     args.extend(urls.iter().map(String::as_str));
