@@ -306,9 +306,24 @@ impl std::fmt::Display for NbdUrl {
             ""
         };
         let export = percent_encode(&self.export);
+        let mut query = Vec::new();
+        if let Some(p) = &self.socket {
+            query.push(format!("socket={}", percent_encode(p)));
+        }
+        if let Some(d) = &self.tls_certificates {
+            query.push(format!("tls-certificates={}", percent_encode(d)));
+            if let Some(h) = &self.tls_hostname {
+                query.push(format!("tls-hostname={}", percent_encode(h)));
+            }
+        }
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        };
         match &self.socket {
-            Some(p) => write!(f, "nbd{s}+unix:///{export}?socket={}", percent_encode(p)),
-            None => write!(f, "nbd{s}://{}/{export}", self.addr),
+            Some(_) => write!(f, "nbd{s}+unix:///{export}{query}"),
+            None => write!(f, "nbd{s}://{}/{export}{query}", self.addr),
         }
     }
 }
@@ -1005,11 +1020,19 @@ mod tests {
         assert_eq!(u.server_name(), "nbd.example");
         assert_eq!(
             u.to_string(),
-            "nbds+unix:///caf%C3%A9%3F?socket=/run/my%20nbd.sock"
+            "nbds+unix:///caf%C3%A9%3F?socket=/run/my%20nbd.sock&tls-certificates=/etc/p%20ki&tls-hostname=nbd.example"
         );
-        // What Display writes parses back to the same export and socket.
+        // What Display writes parses back to the same URL.
         for export in ["a b/c", "100%", "x?y#z&w=1", "é/ü", ""] {
-            for socket in [None, Some("/tmp/a b?c.sock".to_owned())] {
+            let tls = [
+                (None, None),
+                (Some("/etc/my pki".to_owned()), None),
+                (Some("/p".to_owned()), Some("nbd.example".to_owned())),
+            ];
+            for (socket, (certs, host)) in [None, Some("/tmp/a b?c.sock".to_owned())]
+                .into_iter()
+                .flat_map(|s| tls.clone().map(|t| (s.clone(), t)))
+            {
                 let u = NbdUrl {
                     addr: if socket.is_some() {
                         String::new()
@@ -1017,15 +1040,11 @@ mod tests {
                         "[::1]:99".into()
                     },
                     export: export.to_owned(),
-                    socket: socket.clone(),
-                    tls_certificates: None,
-                    tls_hostname: None,
+                    socket,
+                    tls_certificates: certs,
+                    tls_hostname: host,
                 };
-                let back = NbdUrl::parse(&u.to_string()).unwrap();
-                assert_eq!(
-                    (back.export, back.socket, back.addr),
-                    (u.export, u.socket, u.addr)
-                );
+                assert_eq!(NbdUrl::parse(&u.to_string()).unwrap(), u, "{u}");
             }
         }
     }
