@@ -20,26 +20,14 @@ use std::time::{Duration, Instant};
 
 use tagstripe_striping::Geometry;
 
+#[path = "../../lib/tests/common/mod.rs"]
+mod loops;
 #[path = "../../lib/tests/common/peers.rs"]
 mod peers;
 use peers::{have, have_from, nbd_server, nbdkit, pattern, scratch};
 #[path = "common/serve.rs"]
 mod serve;
-use serve::{Serve, make_files, qemu_io, through_map};
-
-/// Runs `cmd` and panics with what it printed unless it succeeds.
-fn run(cmd: &mut Command) -> String {
-    let o = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{cmd:?} failed ({}): {text}", o.status);
-    text
-}
+use serve::{Serve, make_files, qemu_io, run, through_map};
 
 #[test]
 fn a_volume_striped_over_nbd_server_exports() {
@@ -60,8 +48,7 @@ fn a_volume_striped_over_nbd_server_exports() {
         .iter()
         .map(|n| format!("nbd://127.0.0.1:{}/{n}", peer.port))
         .collect();
-    // tagstripe's client reads what nbd-server offers (it sends no block sizes, and no
-    // structured replies at 3.24).
+    // tagstripe's client reads what nbd-server offers (it sends no block sizes).
     let info = run(Command::new(env!("CARGO_BIN_EXE_tagstripe"))
         .args(["info", "--json"])
         .arg(&urls[1]));
@@ -379,18 +366,25 @@ fn filesystem_round_trip(
     Ok(())
 }
 
-/// Whether this test can mount things: root, loop devices, nbdfuse and `/dev/fuse`.
+/// Whether this test can mount things: loop devices (root), nbdfuse and `/dev/fuse`.
 fn can_mount() -> bool {
-    let uid = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        eprintln!("skipping: not root (loop devices and mounts)");
+    if let Err(why) = loops::can_use_loop() {
+        eprintln!("skipping: {why}");
         return false;
     }
-    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
-        eprintln!("skipping: no /dev/fuse or /dev/loop-control");
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipping: no /dev/fuse");
         return false;
     }
-    have_from("nbdfuse", "--version", "libnbd-bin") && have_from("losetup", "--version", "mount")
+    have_from("nbdfuse", "--version", "libnbd-bin")
+}
+
+/// Whether two mirror components hold the same data: all but each one's metadata, in its
+/// last 16 sectors.
+fn same_data(a: &Path, b: &Path) -> bool {
+    let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    let data = x.len().saturating_sub(16 * 512);
+    x.len() == y.len() && x[..data] == y[..data]
 }
 
 #[test]
@@ -426,17 +420,11 @@ fn xfs_on_a_mirror_through_nbdfuse() {
         &["xfs_repair", "-n"],
     )
     .unwrap();
-    // The two sides hold the same data (all but the metadata in each component's last 16
-    // sectors), so either could serve every read.
-    let side = |a: usize, b: usize| {
-        let (x, y) = (
-            std::fs::read(&files[a]).unwrap(),
-            std::fs::read(&files[b]).unwrap(),
-        );
-        let data = x.len() - 16 * 512;
-        x.len() == y.len() && x[..data] == y[..data]
-    };
-    assert!(side(0, 2) && side(1, 3), "the mirror's sides differ");
+    // The two sides hold the same data, so either could serve every read.
+    assert!(
+        same_data(&files[0], &files[2]) && same_data(&files[1], &files[3]),
+        "the mirror's sides differ"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -508,14 +496,9 @@ fn ext4_on_a_mirror_that_loses_a_side_and_heals() {
     }
     let (ok, err) = serve.stop();
     assert!(ok, "serve did not stop cleanly: {err}");
-    // Both sides hold the same data again (all but each one's metadata, its last 16 sectors).
-    let (x, y) = (
-        std::fs::read(&files[0]).unwrap(),
-        std::fs::read(&files[1]).unwrap(),
-    );
-    let data = x.len() - 16 * 512;
+    // Both sides hold the same data again.
     assert!(
-        x.len() == y.len() && x[..data] == y[..data],
+        same_data(&files[0], &files[1]),
         "the sides differ after the resync"
     );
     side1.stop();

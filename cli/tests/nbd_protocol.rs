@@ -14,7 +14,7 @@ mod peers;
 use peers::{have, scratch};
 #[path = "common/serve.rs"]
 mod serve;
-use serve::{Serve, have_python_libnbd, qemu_io};
+use serve::{Serve, have_python_libnbd, qemu_io, run};
 
 /// `n` sparse component files of `mib` MiB each.
 fn sparse_files(dir: &std::path::Path, n: usize, mib: u64) -> Vec<String> {
@@ -28,17 +28,6 @@ fn sparse_files(dir: &std::path::Path, n: usize, mib: u64) -> Vec<String> {
             p.to_str().unwrap().to_owned()
         })
         .collect()
-}
-
-fn run(cmd: &mut Command) -> String {
-    let o = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "{cmd:?} failed: {text}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    text
 }
 
 #[test]

@@ -455,7 +455,7 @@ fn certificates_made_by_openssl_and_their_pitfalls_explained() {
         let (ok, text) = info_over_tls(port(&s), &clients);
         assert!(ok, "{cert} with {key}: {text}");
         assert!(text.contains("8192 sectors"), "{text}");
-        if have("nbdinfo") {
+        if have_from("nbdinfo", "--version", "libnbd-bin") {
             let (ok, text) = out(Command::new("nbdinfo").arg(format!(
                 "nbds://127.0.0.1:{}/vol?tls-certificates={}",
                 port(&s),

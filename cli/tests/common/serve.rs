@@ -150,6 +150,21 @@ impl Drop for Serve {
     }
 }
 
+/// Runs `cmd` and returns its standard output; panics with both outputs unless it succeeds.
+pub fn run(cmd: &mut Command) -> String {
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed ({}): {text}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    text
+}
+
 pub fn qemu_io(url: &str, cmds: &[String]) -> String {
     let mut c = Command::new("qemu-io");
     c.args(["-f", "raw", url]);

@@ -135,6 +135,7 @@ pub(crate) fn handshake_failure(e: &std::io::Error) -> String {
     }
 }
 
+/// What to change, for a certificate refusal that rustls words only by its error's name.
 fn certificate_hint(e: &rustls::Error) -> Option<&'static str> {
     use rustls::CertificateError as C;
     let rustls::Error::InvalidCertificate(c) = e else {
