@@ -4,7 +4,7 @@
 //! seed gives the same numbers.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use crate::disk::{DiskCommand, DiskEvent, DiskOp};
 use crate::{
@@ -188,6 +188,9 @@ pub struct RunResult {
     pub shape_changes: u64,
     /// The fewest openings seen (QUEUE FULL back-off).
     pub min_openings: u32,
+    /// Events the simulation processed (arrivals, commands to and from the disk, the
+    /// queue's timer): what the run cost, which grows in proportion to its length.
+    pub events: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -261,7 +264,10 @@ struct Sim {
     barriers: u64,
     shape_changes: u64,
     min_openings: u32,
-    timer_at: Option<Nanos>,
+    /// When the pending timer events fire (a wake is scheduled only when none is pending
+    /// at or before it, so stale wakes do not pile up in the event heap).
+    timers: BTreeSet<Nanos>,
+    events_done: u64,
 }
 
 impl Sim {
@@ -329,8 +335,8 @@ impl Sim {
             }
         }
         if let Some(t) = self.queue.poll_timeout() {
-            if self.timer_at != Some(t) {
-                self.timer_at = Some(t);
+            if self.timers.first().is_none_or(|&first| first > t) {
+                self.timers.insert(t);
                 self.at(t, Ev::Timer);
             }
         }
@@ -416,6 +422,7 @@ impl Sim {
             let Some(Reverse(s)) = self.events.pop() else {
                 break;
             };
+            self.events_done += 1;
             match s.ev {
                 Ev::ReadArrival => {
                     let cmd = self.random_read();
@@ -453,7 +460,7 @@ impl Sim {
                     let _ = self.queue.handle_completion(now, Tag(tag), outcome);
                 }
                 Ev::Timer => {
-                    self.timer_at = None;
+                    self.timers.remove(&s.at);
                     self.queue.handle_timeout(now);
                 }
             }
@@ -481,6 +488,7 @@ impl Sim {
             barriers: self.barriers,
             shape_changes: self.shape_changes,
             min_openings: self.min_openings,
+            events: self.events_done,
         }
     }
 }
@@ -515,7 +523,8 @@ pub fn run_with(scn: &Scenario, cfg: QueueConfig, policy: Box<dyn Policy>) -> Ru
         barriers: 0,
         shape_changes: 0,
         min_openings: cfg.max_tags,
-        timer_at: None,
+        timers: BTreeSet::new(),
+        events_done: 0,
     };
     sim.run()
 }
