@@ -251,25 +251,49 @@ fn device_orders_pick_as_named() {
     );
 }
 
-/// The 1999 story's bounds on hdd-1998 for seeds 1 to 8 (not tuned to one): the login
-/// chain and the reader's p99 within 1.3x of unloaded, bulk at least 0.9x FIFO's. (The
-/// reader's p99 is its 6th slowest read of about 550, so it is a noisy figure: of seeds 1
-/// to 24, 20 are within 1.3x and the other four within 1.46x.)
+/// The 1999 story's bounds on hdd-1998 for seeds 1 to 24 (not tuned to one), over ten
+/// simulated minutes: the login chain and the reader's p99 within 1.3x of unloaded, bulk at
+/// least 0.9x FIFO's. Ten minutes give the reader about 6,000 reads, so its p99 is about the
+/// 60th slowest; over one minute it is the 6th slowest of about 550 and moves with the
+/// seed (seeds 1 to 24 then give 1.08-1.34x, four over 1.3x, where ten minutes give
+/// 1.11-1.19x).
 #[test]
 fn hdd_1998_bounds_hold_across_seeds() {
-    for seed in 1u64..=8 {
-        let r = sim::report(Profile::Hdd1998, 60, seed);
-        let row = |name: &str| r.rows.iter().find(|x| x.scheduler == name).unwrap();
-        let (ts, fifo) = (row("tagstripe"), row("fifo"));
-        let p99 = ts.with_reader.interactive.p99 as f64 / r.unloaded.interactive.p99 as f64;
-        let chain = ts.with_chains.chains.p99 as f64 / r.unloaded_chains.chains.p99 as f64;
-        let bulk = ts.with_reader.bulk_bytes_per_sec / fifo.with_reader.bulk_bytes_per_sec;
-        let why = format!("seed {seed}: p99 {p99:.2}x, chain {chain:.2}x, bulk {bulk:.3}x");
-        eprintln!("{why}");
-        assert!(chain <= 1.3, "{why}");
-        assert!(bulk >= 0.9, "{why}");
-        assert!(p99 <= 1.3, "{why}");
-    }
+    let seeds: Vec<u64> = (1..=24).collect();
+    let threads = std::thread::available_parallelism().map_or(2, usize::from);
+    let rows: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = seeds
+            .chunks(seeds.len().div_ceil(threads))
+            .map(|chunk| {
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|&seed| seed_bounds(seed))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let misses: Vec<&String> = rows.iter().filter(|r| r.ends_with("MISS")).collect();
+    assert!(misses.is_empty(), "{misses:#?}\nof\n{rows:#?}");
+}
+
+/// One seed's figures against the bounds, ending in "MISS" when one is not held.
+fn seed_bounds(seed: u64) -> String {
+    let r = sim::report(Profile::Hdd1998, 600, seed);
+    let row = |name: &str| r.rows.iter().find(|x| x.scheduler == name).unwrap();
+    let (ts, fifo) = (row("tagstripe"), row("fifo"));
+    let p99 = ts.with_reader.interactive.p99 as f64 / r.unloaded.interactive.p99 as f64;
+    let chain = ts.with_chains.chains.p99 as f64 / r.unloaded_chains.chains.p99 as f64;
+    let bulk = ts.with_reader.bulk_bytes_per_sec / fifo.with_reader.bulk_bytes_per_sec;
+    let held = p99 <= 1.3 && chain <= 1.3 && bulk >= 0.9;
+    let why = format!("seed {seed}: p99 {p99:.3}x, chain {chain:.3}x, bulk {bulk:.3}x");
+    eprintln!("{why}");
+    if held { why } else { format!("{why} MISS") }
 }
 
 /// A simulation's cost grows with its length, not with its square: the queue's timer is

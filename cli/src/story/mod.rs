@@ -407,7 +407,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
     }
 
     if phase("fairness") {
-        let seconds = if quick { 10 } else { 30 };
+        let seconds = if quick { 60 } else { 600 };
         progress.step(&format!("fairness: simulating hdd-1998 for {seconds} s"));
         let r = sim::report(Profile::Hdd1998, seconds, 1);
         if text {
