@@ -126,4 +126,7 @@ fn fairness_live_on_a_volume() {
     // 1.5 s a run: two interleaved slices each.
     assert_eq!(v["slices"], 2, "{v}");
     assert_eq!(v["seconds"], 1.5, "{v}");
+    // Each component's largest request, as its limits say (a simulated SSD's 4 MiB default
+    // cap, Linux's BLK_DEF_MAX_SECTORS_CAP).
+    assert_eq!(v["max_request_kib"], serde_json::json!([4096, 4096]), "{v}");
 }

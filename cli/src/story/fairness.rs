@@ -121,7 +121,7 @@ pub(super) async fn live_fairness(
             };
             let bulk = Load {
                 op: Op::Write,
-                bs: 1 << 20,
+                bs: BULK_REQUEST_KIB * 1024,
                 depth: 16,
                 time: slice,
                 bytes: 0,
@@ -405,6 +405,9 @@ impl Shaping {
     }
 }
 
+/// The bulk writer's request size, in KiB.
+const BULK_REQUEST_KIB: u64 = 1024;
+
 /// What `bench fairness --json` prints (live).
 #[derive(Debug, Serialize)]
 struct LiveReport {
@@ -414,6 +417,9 @@ struct LiveReport {
     slices: u32,
     interleave: u64,
     direct: bool,
+    /// Each component's largest request in KiB (its `max_sectors_kb`): a small one cuts
+    /// bulk's writes into many pieces, whatever the controller does.
+    max_request_kib: Vec<u64>,
     goals: Goals,
 }
 
@@ -442,6 +448,17 @@ pub(crate) fn fairness_live(
                     components::open_all_for_bench(components, false, buffered).await?;
                 (c, components.to_vec(), direct)
             };
+            let max_request_kib: Vec<u64> = comps
+                .iter()
+                .map(|c| {
+                    // The effective cap, as the split layer derives it (0 if the limits
+                    // do not validate, which the volume would have refused).
+                    c.info()
+                        .limits
+                        .validate()
+                        .map_or(0, |l| u64::from(l.max_sectors) / 2)
+                })
+                .collect();
             if !json {
                 outln!(
                     "components: {}",
@@ -451,6 +468,14 @@ pub(crate) fn fairness_live(
                         "buffered (page cache)"
                     }
                 );
+                for (c, &kib) in comps.iter().zip(&max_request_kib) {
+                    if kib < BULK_REQUEST_KIB {
+                        outln!(
+                            "  {}: at most {kib} KiB per request (its max_sectors_kb), so bulk's writes reach it cut to that size",
+                            c.info().name,
+                        );
+                    }
+                }
             }
             let progress = Progress::new(3);
             let live = live_fairness(
@@ -463,14 +488,14 @@ pub(crate) fn fairness_live(
             )
             .await;
             progress.finish();
-            live.map(|(l, g)| (l, g, direct))
+            live.map(|(l, g)| (l, g, direct, max_request_kib))
         };
         tokio::select! {
             r = run => match r {
-                Ok((live, goals, direct)) => {
+                Ok((live, goals, direct, max_request_kib)) => {
                     if json {
                         let slices = slices_of(Duration::from_secs_f64(secs));
-                        let r = LiveReport { live, seconds: secs, slices, interleave, direct, goals };
+                        let r = LiveReport { live, seconds: secs, slices, interleave, direct, max_request_kib, goals };
                         outln!("{}", super::to_json(&r));
                     }
                     ExitCode::SUCCESS
