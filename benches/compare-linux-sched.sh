@@ -21,7 +21,9 @@ bin=./target/release/tagstripe
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/tagstripe-sched.XXXXXX")
 img="$dir/disk.img"
 dev=
+cap_before=
 cleanup() {
+  [[ -n "$cap_before" ]] && echo "$cap_before" >"$queue/max_sectors_kb" 2>/dev/null
   [[ -n "$dev" ]] && losetup -d "$dev" 2>/dev/null || true
   rm -rf "$dir"
 }
@@ -31,7 +33,12 @@ fallocate -l "${size_mib}M" "$img"
 dd if=/dev/zero of="$img" bs=1M count="$size_mib" status=none oflag=direct conv=notrunc
 dev=$(losetup --find --show --direct-io=on "$img")
 queue=/sys/block/$(basename "$dev")/queue
-echo "device: $dev over $img ($size_mib MiB, direct I/O), schedulers: $(cat "$queue/scheduler")"
+# A loop device keeps its max_sectors_kb from an earlier attachment: a value left small
+# would cut every request (and this comparison) to it. Run at the hardware cap, and put the
+# old value back at the end.
+cap_before=$(cat "$queue/max_sectors_kb")
+cat "$queue/max_hw_sectors_kb" >"$queue/max_sectors_kb"
+echo "device: $dev over $img ($size_mib MiB, direct I/O, max_sectors_kb $(cat "$queue/max_sectors_kb")), schedulers: $(cat "$queue/scheduler")"
 echo "workload: 1 MiB sequential writer x16 and a 4 KiB random reader x1 with 1 ms think time, ${secs}s"
 
 engine=io_uring
