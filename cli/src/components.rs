@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tagstripe::{DynBlockDevice, FileOptions};
+use tagstripe::{BlockDevice, DynBlockDevice, FileOptions};
 
 /// How to open components.
 #[derive(Clone, Copy, Debug, Default)]
@@ -44,9 +44,31 @@ pub(crate) async fn open_all(
 ) -> Result<Vec<Arc<dyn DynBlockDevice>>, String> {
     let mut out = Vec::with_capacity(specs.len());
     for s in specs {
-        out.push(open(s, o).await?);
+        let d = open(s, o).await?;
+        note_tail(s, &d);
+        out.push(d);
     }
     Ok(out)
+}
+
+/// Says on stderr when a component ends in a part block, which no request reaches (a file
+/// or an export whose size is not a whole number of blocks).
+fn note_tail(spec: &str, d: &Arc<dyn DynBlockDevice>) {
+    if let Some(line) = tail_note(d.info()) {
+        eprintln!("note: {spec}: {line}");
+    }
+}
+
+/// The words for a device's unused tail, if it has one.
+pub(crate) fn tail_note(info: &tagstripe::DeviceInfo) -> Option<String> {
+    let tail = info.unused_tail_bytes;
+    (tail > 0).then(|| {
+        format!(
+            "its last {tail} bytes are not a whole {}-byte block and are not used (it holds {} bytes)",
+            info.limits.logical_block_size,
+            info.bytes() + tail
+        )
+    })
 }
 
 /// Whether a component spec names a file or block device (where `O_DIRECT` applies).
@@ -84,6 +106,7 @@ pub(crate) async fn open_all_for_bench(
             }
             Err(e) => return Err(e),
         };
+        note_tail(s, &d);
         out.push(d);
     }
     Ok((out, all_direct))

@@ -105,6 +105,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
                 "kind": kind,
                 "sectors": info.sectors,
                 "bytes": info.bytes(),
+                "unused_tail_bytes": info.unused_tail_bytes,
                 "logical_block_size": info.limits.logical_block_size,
                 "physical_block_size": info.limits.physical_block_size,
                 "hardware_limits": limits_json(&info.limits),
@@ -131,6 +132,9 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
             b => format!("{b} B"),
         }
     );
+    if let Some(line) = crate::components::tail_note(info) {
+        outln!("note: {line}");
+    }
     let id = &info.identity;
     if id.vendor.is_empty() && id.model.is_empty() && id.revision.is_empty() {
         outln!("identity: none reported (no quirk row can match by name)");

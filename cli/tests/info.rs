@@ -64,3 +64,63 @@ fn info_on_a_loop_device() {
     assert_eq!(v["logical_block_size"], 4096);
     assert!(v["hardware_limits"]["max_hw_sectors"].as_u64().unwrap() > 0);
 }
+
+/// A file and an NBD export whose size is not a whole number of sectors: `info` says how
+/// many bytes at the end are not used, a command that builds a volume says it on stderr,
+/// and writing the whole volume leaves those bytes as they were.
+#[test]
+fn a_part_sector_at_the_end_is_reported_and_left_alone() {
+    let bin = env!("CARGO_BIN_EXE_tagstripe");
+    let path = std::env::temp_dir().join(format!("tagstripe-info-odd-{}.img", std::process::id()));
+    let p = path.to_str().unwrap().to_owned();
+    let original: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &original).unwrap();
+    let (code, v) = info(&p);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(
+        (&v["sectors"], &v["bytes"], &v["unused_tail_bytes"]),
+        (&1953.into(), &999_936.into(), &64.into()),
+        "{v}"
+    );
+    let said = "its last 64 bytes are not a whole 512-byte block and are not used (it holds 1000000 bytes)";
+    let out = Command::new(bin).args(["info", &p]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(said),
+        "{out:?}"
+    );
+    let out = Command::new(bin)
+        .args(["bench", "throughput", "--component", &p, "--op", "write"])
+        .args(["--bs", "64k", "--depth", "4", "--seconds", "0.3", "--json"])
+        .output()
+        .unwrap();
+    let now = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("note: {p}: {said}")), "{stderr}");
+    assert_eq!(now.len(), original.len());
+    assert_ne!(now[..999_936], original[..999_936], "the benchmark wrote");
+    assert_eq!(
+        now[999_936..],
+        original[999_936..],
+        "the last 64 bytes are untouched"
+    );
+    // The same from an NBD export of that size (nbdkit's memory plugin).
+    let nbdkit = Command::new("nbdkit").arg("--version").output();
+    if !nbdkit.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipping the NBD half: nbdkit is not installed (Debian: nbdkit)");
+        return;
+    }
+    let out = Command::new("nbdkit")
+        .args(["-U", "-", "memory", "1000000", "--run"])
+        .arg(format!("'{bin}' info --json \"$uri\""))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["sectors"], &v["unused_tail_bytes"]),
+        (&1953.into(), &64.into()),
+        "{v}"
+    );
+}

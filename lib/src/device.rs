@@ -121,6 +121,10 @@ pub struct DeviceInfo {
     /// `st_dev`). A volume puts components with the same `media` behind one tagged queue
     /// ([`crate::Queue::group`]): they compete for one disk.
     pub media: Option<u64>,
+    /// Bytes at the end of the device past its last whole block, which are never read or
+    /// written: a file or an NBD export whose size is not a whole number of blocks (a
+    /// 1,000,000-byte file is 1,953 sectors and 64 bytes). 0 for most devices.
+    pub unused_tail_bytes: u64,
 }
 
 impl DeviceInfo {
@@ -138,6 +142,7 @@ impl DeviceInfo {
             read_only: false,
             caps: Caps::default(),
             media: None,
+            unused_tail_bytes: 0,
         }
     }
 

@@ -113,6 +113,7 @@ impl FileDevice {
         info.limits = info.limits.validate()?;
         let block = u64::from(info.limits.logical_block_size);
         info.sectors = len / block * block / 512;
+        info.unused_tail_bytes = len % block;
         info.read_only = opts.read_only;
         // A regular file: fallocate zeroes and punches, SEEK_DATA/SEEK_HOLE tell holes,
         // the page cache (or the disk's cache under O_DIRECT) holds writes until fdatasync.
@@ -615,5 +616,46 @@ mod tests {
         assert_eq!(super::read_trim(&p), "ST380023AS\u{fffd}\u{fffd}");
         std::fs::remove_file(&p).unwrap();
         assert_eq!(super::read_trim(&p), "");
+    }
+
+    /// A file that is not a whole number of blocks: the part block at its end is counted in
+    /// `unused_tail_bytes`, and writing the whole device leaves it as it was.
+    #[test]
+    fn a_part_block_at_the_end_is_reported_and_never_touched() {
+        use crate::{BlockDevice, FileDevice, FileOptions, IoOpts};
+        let p = std::env::temp_dir().join(format!("tagstripe-tail-{}.img", std::process::id()));
+        let original: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        for (lbs, sectors, tail) in [(512, 1953, 64), (4096, 1952, 576)] {
+            std::fs::write(&p, &original).unwrap();
+            let opts = FileOptions {
+                logical_block_size: lbs,
+                ..FileOptions::default()
+            };
+            let d = FileDevice::open(&p, opts).unwrap();
+            let info = d.info();
+            assert_eq!(
+                (info.sectors, info.unused_tail_bytes),
+                (sectors, tail),
+                "{lbs}"
+            );
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let data = bytes::Bytes::from(vec![0xa5; usize::try_from(sectors).unwrap() * 512]);
+                d.write(0, data, IoOpts::new()).await.unwrap();
+                d.flush(IoOpts::new()).await.unwrap();
+            });
+            let now = std::fs::read(&p).unwrap();
+            assert_eq!(now.len(), original.len(), "{lbs}");
+            let end = original.len() - usize::try_from(tail).unwrap();
+            assert_eq!(
+                &now[end..],
+                &original[end..],
+                "{lbs}: the tail is untouched"
+            );
+            assert!(now[..end].iter().all(|&b| b == 0xa5), "{lbs}");
+        }
+        std::fs::remove_file(&p).unwrap();
     }
 }

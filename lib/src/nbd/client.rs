@@ -500,6 +500,7 @@ impl NbdDevice {
         let u = NbdUrl::parse(url)?;
         let (conn, ei) = open_conn(&u, &config).await?;
         let mut info = DeviceInfo::new(u.to_string(), ei.size / 512);
+        info.unused_tail_bytes = ei.size % 512;
         info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
         info.set_discard(ei.flags & proto::TF_SEND_TRIM != 0);
         // What the server offers. FUA is done as write-then-flush where it has flush only;
