@@ -111,16 +111,35 @@ fn a_part_sector_at_the_end_is_reported_and_left_alone() {
         eprintln!("skipping the NBD half: nbdkit is not installed (Debian: nbdkit)");
         return;
     }
-    let out = Command::new("nbdkit")
-        .args(["-U", "-", "memory", "1000000", "--run"])
-        .arg(format!("'{bin}' info --json \"$uri\""))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        (&v["sectors"], &v["unused_tail_bytes"]),
-        (&1953.into(), &64.into()),
-        "{v}"
-    );
+    // Through the blocksize-policy filter the export's blocks are 4 KiB: whole ones only.
+    let policy = [
+        "--filter=blocksize-policy",
+        "memory",
+        "1000000",
+        "blocksize-minimum=4096",
+        "blocksize-preferred=4096",
+        "blocksize-maximum=65536",
+    ];
+    for (args, sectors, tail) in [
+        (&["memory", "1000000"][..], 1953, 64),
+        (&policy[..], 1952, 576),
+    ] {
+        let out = Command::new("nbdkit")
+            .args(["-U", "-"])
+            .args(args)
+            .arg("--run")
+            .arg(format!("'{bin}' info --json \"$uri\""))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (&v["sectors"], &v["unused_tail_bytes"]),
+            (&sectors.into(), &tail.into()),
+            "{args:?}: {v}"
+        );
+        // Its metadata area (at the end of whole blocks) reads: no request runs into the
+        // part block or breaks the block size.
+        assert!(v["metadata"]["error"].is_null(), "{args:?}: {v}");
+    }
 }

@@ -500,7 +500,6 @@ impl NbdDevice {
         let u = NbdUrl::parse(url)?;
         let (conn, ei) = open_conn(&u, &config).await?;
         let mut info = DeviceInfo::new(u.to_string(), ei.size / 512);
-        info.unused_tail_bytes = ei.size % 512;
         info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
         info.set_discard(ei.flags & proto::TF_SEND_TRIM != 0);
         // What the server offers. FUA is done as write-then-flush where it has flush only;
@@ -526,6 +525,10 @@ impl NbdDevice {
         max_bytes = max_bytes / u64::from(info.limits.logical_block_size)
             * u64::from(info.limits.logical_block_size);
         info.limits.max_hw_sectors = u32::try_from(max_bytes / 512).unwrap_or(u32::MAX);
+        // Whole logical blocks only: a part block at the end is never reached.
+        let lbs = u64::from(info.limits.logical_block_size);
+        info.sectors = ei.size / lbs * lbs / 512;
+        info.unused_tail_bytes = ei.size % lbs;
         Ok(Self {
             info,
             url: u,
@@ -558,15 +561,13 @@ impl NbdDevice {
             return Ok(now);
         }
         let (conn, ei) = open_conn(&self.url, &self.config).await?;
-        if ei.size / 512 != self.info.sectors || ei.flags != self.flags {
+        let was = self.info.bytes() + self.info.unused_tail_bytes;
+        if ei.size != was || ei.flags != self.flags {
             return Err(Error::Protocol {
                 peer: self.info.name.clone(),
                 what: format!(
                     "the export came back different ({} bytes, flags {:#x}; was {} bytes, flags {:#x})",
-                    ei.size,
-                    ei.flags,
-                    self.info.bytes(),
-                    self.flags
+                    ei.size, ei.flags, was, self.flags
                 ),
             });
         }
