@@ -171,6 +171,23 @@ impl DeviceInfo {
         self.sectors.saturating_mul(512)
     }
 
+    /// Sets the size from what the device holds, `bytes`, in whole logical blocks (set
+    /// `limits.logical_block_size` first): a part block at the end goes to
+    /// [`unused_tail_bytes`](Self::unused_tail_bytes), as no request can reach it.
+    ///
+    /// ```
+    /// use tagstripe::DeviceInfo;
+    /// let mut info = DeviceInfo::new("odd", 0);
+    /// info.limits.logical_block_size = 4096;
+    /// info.set_size_bytes(1_000_000);
+    /// assert_eq!((info.sectors, info.unused_tail_bytes), (1952, 576));
+    /// ```
+    pub fn set_size_bytes(&mut self, bytes: u64) {
+        let block = u64::from(self.limits.logical_block_size.max(512));
+        self.sectors = bytes / block * block / 512;
+        self.unused_tail_bytes = bytes % block;
+    }
+
     /// Checks that `[start, start + sectors)` is inside the device and made of whole logical
     /// blocks, and not empty.
     ///

@@ -451,12 +451,13 @@ pub(crate) fn fairness_live(
             let max_request_kib: Vec<u64> = comps
                 .iter()
                 .map(|c| {
-                    // The effective cap, as the split layer derives it (0 if the limits
-                    // do not validate, which the volume would have refused).
-                    c.info()
-                        .limits
-                        .validate()
-                        .map_or(0, |l| u64::from(l.max_sectors) / 2)
+                    // The cap the volume's split layer uses: the limits with the built-in
+                    // quirk table applied, as the volume applies it (0 if they do not
+                    // validate, which the volume would have refused).
+                    let info = c.info();
+                    tagstripe::quirks::QuirkSet::builtin()
+                        .apply(&info.identity, &info.limits)
+                        .map_or(0, |a| u64::from(a.limits.max_sectors) / 2)
                 })
                 .collect();
             if !json {

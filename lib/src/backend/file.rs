@@ -111,9 +111,7 @@ impl FileDevice {
             opts.logical_block_size
         };
         info.limits = info.limits.validate()?;
-        let block = u64::from(info.limits.logical_block_size);
-        info.sectors = len / block * block / 512;
-        info.unused_tail_bytes = len % block;
+        info.set_size_bytes(len);
         info.read_only = opts.read_only;
         // A regular file: fallocate zeroes and punches, SEEK_DATA/SEEK_HOLE tell holes,
         // the page cache (or the disk's cache under O_DIRECT) holds writes until fdatasync.
@@ -123,7 +121,10 @@ impl FileDevice {
         if info.sectors == 0 {
             return Err(Error::BadLength {
                 device: name,
-                what: format!("{len} bytes hold no whole {block}-byte block"),
+                what: format!(
+                    "{len} bytes hold no whole {}-byte block",
+                    info.limits.logical_block_size
+                ),
             });
         }
         Ok(Self {

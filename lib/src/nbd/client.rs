@@ -499,7 +499,8 @@ impl NbdDevice {
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Self> {
         let u = NbdUrl::parse(url)?;
         let (conn, ei) = open_conn(&u, &config).await?;
-        let mut info = DeviceInfo::new(u.to_string(), ei.size / 512);
+        // Sized below, once the block size is known.
+        let mut info = DeviceInfo::new(u.to_string(), 0);
         info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
         info.set_discard(ei.flags & proto::TF_SEND_TRIM != 0);
         // What the server offers. FUA is done as write-then-flush where it has flush only;
@@ -526,9 +527,7 @@ impl NbdDevice {
             * u64::from(info.limits.logical_block_size);
         info.limits.max_hw_sectors = u32::try_from(max_bytes / 512).unwrap_or(u32::MAX);
         // Whole logical blocks only: a part block at the end is never reached.
-        let lbs = u64::from(info.limits.logical_block_size);
-        info.sectors = ei.size / lbs * lbs / 512;
-        info.unused_tail_bytes = ei.size % lbs;
+        info.set_size_bytes(ei.size);
         Ok(Self {
             info,
             url: u,
