@@ -292,9 +292,13 @@ pub struct Shape {
 /// Settings of [`Fair`], tagstripe's policy.
 ///
 /// Bulk is shaped only while interactive I/O is active, by a latency controller in the manner
-/// of Kyber and io.latency: interactive completions are gathered in windows; when a window's
-/// p90 latency at the device is above the target, bulk's budget of sectors at the device is
-/// halved, and when it is well below and bulk wanted more, the budget grows by a quarter.
+/// of Kyber and io.latency: interactive completions are gathered in windows (`window`
+/// completions, or `window_time` with at least 4), and a window's tail is its latency at the
+/// device near p97 (the second slowest of 32 or more, else the slowest). Above the target,
+/// bulk's budget of sectors at the device is cut in proportion to the overshoot, by half at
+/// most; a cut that did not lower the next window's tail by a tenth is undone, and no cut is
+/// made for `cut_cooldown` windows. Below 80% of the target, while bulk wanted more than the
+/// budget let it send, the budget grows by an eighth (at least `piece_min`).
 /// Bulk pieces are a quarter of the budget (Linux's `max_sectors_kb` lesson: smaller pieces
 /// wait less behind each other). The target is a multiple of the interactive latency seen
 /// with no bulk at the device, which the controller learns by itself and refreshes by holding
