@@ -1,8 +1,9 @@
 //! The fair policy's bulk shaping against a simple device model, in simulated time: it is
 //! work-conserving (no interactive I/O: bulk fills every opening), it never starves bulk
 //! (bulk completes requests in every half second under any interactive load), it never
-//! starves interactive requests (they reach the device within one service time), and its
-//! budget and piece size stay within their bounds.
+//! starves interactive requests (they reach the device within one service time), its
+//! budget and piece size stay within their bounds, and slow reads that are the device's
+//! own, not bulk's doing, do not keep bulk's budget down.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -188,5 +189,109 @@ proptest! {
         let bound = r.max_service * (64 + iq as u64);
         let worst = r.interactive_waits.iter().copied().max().unwrap_or(0);
         prop_assert!(worst <= bound, "an interactive request waited {worst} ns (bound {bound})");
+    }
+}
+
+/// Runs `secs` of one interactive reader (8 sectors, thinking 1 ms, 100 µs at the device)
+/// beside 16 bulk writes of 2048 sectors (1 ms each) on a device that serves everything at
+/// once, so bulk never slows a read; one read in `one_in` (at random) is slow by itself, 20x.
+/// Returns the share of the time bulk's budget was below where it started.
+fn own_tail_run(fair: FairConfig, one_in: u64, secs: u64, seed: u64) -> f64 {
+    let cfg = QueueConfig {
+        max_tags: 64,
+        min_tags: 2,
+        ..QueueConfig::default()
+    };
+    let mut q = TagQueue::new(cfg, Fair::new(fair));
+    let mut rng = tagstripe_scheduler::Rng::new(seed);
+    let bulk = Meta::new(IoClass::Bulk, Dir::Write).with_sectors(2048);
+    let read = Meta::new(IoClass::Interactive, Dir::Read).with_sectors(8);
+    for _ in 0..16 {
+        q.submit(0, false, bulk).unwrap();
+    }
+    let mut done: BinaryHeap<Reverse<(Nanos, u32)>> = BinaryHeap::new();
+    let mut kinds: Vec<Option<bool>> = vec![None; 64];
+    let mut next_read = Some(0);
+    let (mut budget, mut below, mut since) = (fair.budget_start, 0u64, 0u64);
+    let end = secs * 1_000_000_000;
+    let mut now = 0;
+    while now < end {
+        while let Some(d) = q.poll_dispatch(now) {
+            let slot = d.tag.0 as usize;
+            kinds[slot] = Some(d.req);
+            let t = if d.req {
+                if rng.below(one_in) == 0 {
+                    2_000_000
+                } else {
+                    100_000
+                }
+            } else {
+                1_000_000
+            };
+            done.push(Reverse((now + t, d.tag.0)));
+        }
+        while let Some(e) = q.poll_event() {
+            if let Event::Shaped(s) = e {
+                if budget < fair.budget_start {
+                    below += now - since;
+                }
+                since = now;
+                budget = s.budget_sectors;
+            }
+        }
+        let t = [
+            done.peek().map(|Reverse((t, _))| *t),
+            next_read,
+            q.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(t) = t else { break };
+        now = t.max(now);
+        q.handle_timeout(now);
+        while let Some(&Reverse((t, tag))) = done.peek() {
+            if t > now {
+                break;
+            }
+            done.pop();
+            q.handle_completion(now, tagstripe_scheduler::Tag(tag), Outcome::Done)
+                .unwrap();
+            match kinds[tag as usize].take() {
+                Some(true) => next_read = Some(now + 1_000_000),
+                Some(false) => {
+                    q.submit(now, false, bulk).unwrap();
+                }
+                None => {}
+            }
+        }
+        if next_read.is_some_and(|t| t <= now) {
+            next_read = None;
+            q.submit(now, true, read).unwrap();
+        }
+    }
+    if budget < fair.budget_start {
+        below += now - since;
+    }
+    below as f64 / now as f64
+}
+
+/// A device's own slow reads are not bulk's doing: one read in 50 (or 200) at random is 20x
+/// slower whatever bulk does, and bulk's budget stays at least where it started 90% of the
+/// time (seeds 1-8 over a simulated minute: 95% or more). A cut that buys nothing is undone and not tried again for a while, and a window's
+/// tail sets one slow read in 64 aside. (Windows of 256 reads with the tail at their fifth
+/// slowest and a target of 500%, tried as a default, kept bulk below its start up to 86% of
+/// the time on seeds 1-3: a cut that happens to precede a fast window stays.)
+#[test]
+fn the_devices_own_slow_reads_do_not_cut_bulk() {
+    for one_in in [50, 200] {
+        for seed in 1..=8 {
+            let below = own_tail_run(FairConfig::default(), one_in, 60, seed);
+            assert!(
+                below <= 0.10,
+                "one slow read in {one_in} (seed {seed}): bulk's budget below its start {:.1}% of the time",
+                below * 100.0
+            );
+        }
     }
 }
