@@ -408,6 +408,17 @@ impl Shaping {
 /// The bulk writer's request size, in KiB.
 const BULK_REQUEST_KIB: u64 = 1024;
 
+/// Each component's largest request in KiB, as the story's volumes send it: the limits
+/// their split layers took (after the quirk table and the mod-15 policy), read from a volume
+/// built as the runs build theirs.
+fn max_request_kib(comps: &[Arc<dyn DynBlockDevice>], interleave: u64) -> Result<Vec<u64>, String> {
+    let v = build(comps.to_vec(), interleave, Flavor::NetBsd, false)?;
+    Ok(v.components()
+        .iter()
+        .map(|c| u64::from(c.info().limits.max_sectors) / 2)
+        .collect())
+}
+
 /// What `bench fairness --json` prints (live).
 #[derive(Debug, Serialize)]
 struct LiveReport {
@@ -448,18 +459,7 @@ pub(crate) fn fairness_live(
                     components::open_all_for_bench(components, false, buffered).await?;
                 (c, components.to_vec(), direct)
             };
-            let max_request_kib: Vec<u64> = comps
-                .iter()
-                .map(|c| {
-                    // The cap the volume's split layer uses: the limits with the built-in
-                    // quirk table applied, as the volume applies it (0 if they do not
-                    // validate, which the volume would have refused).
-                    let info = c.info();
-                    tagstripe::quirks::QuirkSet::builtin()
-                        .apply(&info.identity, &info.limits)
-                        .map_or(0, |a| u64::from(a.limits.max_sectors) / 2)
-                })
-                .collect();
+            let max_request_kib = max_request_kib(&comps, interleave)?;
             if !json {
                 outln!(
                     "components: {}",
