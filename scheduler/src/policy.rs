@@ -287,6 +287,10 @@ pub struct Shape {
     pub target_ns: Nanos,
     /// Interactive latency at the device with no bulk there (learned), if known.
     pub baseline_ns: Option<Nanos>,
+    /// While draining ahead of a regular reader ([`FairConfig::drain_ahead`]): the bulk
+    /// sectors left at the device when its next request is due (the budget is not used
+    /// then). `None` while the budget shapes bulk.
+    pub drain_floor_sectors: Option<u64>,
 }
 
 /// Settings of [`Fair`], tagstripe's policy.
@@ -304,6 +308,12 @@ pub struct Shape {
 /// with no bulk at the device, which the controller learns by itself and refreshes by holding
 /// bulk back briefly when it has not seen such a sample for a while, so it needs to know
 /// nothing of the device.
+///
+/// A reader that comes back at a regular pause (a login's keystrokes, fio's `--thinktime`)
+/// is also drained ahead of (`drain_ahead`): bulk fills the device between its requests and
+/// drains to a small floor by the time the next one is due, instead of sitting at the budget
+/// when it comes. While that shapes bulk, the budget waits, unchanged, for a reader that
+/// strays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FairConfig {
     /// Tags kept free for interactive requests while interactive I/O is active.
@@ -358,6 +368,22 @@ pub struct FairConfig {
     /// shorter than both this and its requests' time at the device, as in a chain of
     /// dependent reads (a login); a reader that thinks longer is not waited for.
     pub anticipate: Nanos,
+    /// Drain ahead of a regular interactive reader (one whose last 8 think times are within
+    /// a factor of two of each other, as a reader with a fixed pause). Its next request is
+    /// due at its last completion plus the shortest of those think times. Until then bulk
+    /// may fill the device, but no more than bulk's measured drain rate (sectors completed
+    /// per time with bulk at the device) clears by then, less a floor
+    /// (`drain_floor_percent`). So the request finds about the floor at the device, not the
+    /// budget, and bulk is shaped by the drain, not the budget (which is neither grown nor
+    /// used meanwhile). A reader later than twice its think time past its last completion is
+    /// not coming as foreseen: the budget applies again until it comes. Bulk pieces are
+    /// then twice the floor (within `piece_min` and `piece_max`).
+    pub drain_ahead: bool,
+    /// The bulk left at the device when a regular reader's request is due (with
+    /// `drain_ahead`), as a percentage of the bulk the device drains while it serves one
+    /// unloaded interactive request: enough to keep the device busy while the request is
+    /// served and bulk is held, and while new bulk reaches the device after it.
+    pub drain_floor_percent: u32,
     /// Per-class deadlines: a head older than its class's deadline goes before
     /// higher classes (no class starves). Indexed by [`IoClass::index`].
     pub deadlines: [Nanos; 4],
@@ -398,6 +424,8 @@ impl Default for FairConfig {
             age: 200_000_000,
             idle_after: 5_000_000_000,
             anticipate: 2_000_000,
+            drain_ahead: true,
+            drain_floor_percent: 300,
             deadlines: [0, 500_000_000, 2_000_000_000, 10_000_000_000],
             head_of_queue_max: 0,
         }
@@ -452,6 +480,15 @@ pub struct Fair {
     /// Windows left in which no cut is made (after a cut that bought nothing).
     cooldown: u32,
     think: Option<Nanos>,
+    /// The last think times, for draining ahead of a regular reader.
+    thinks: std::collections::VecDeque<Nanos>,
+    /// Bulk's drain rate at the device, in picoseconds a sector (smoothed), and the sectors
+    /// completed and the time with bulk at the device gathered for its next sample since
+    /// `bulk_event`.
+    drain_ps: Option<u64>,
+    drain_sectors: u64,
+    drain_busy: Nanos,
+    bulk_event: Nanos,
     last_interactive: Option<Nanos>,
     last_interactive_done: Option<Nanos>,
     barrier_out: bool,
@@ -489,6 +526,11 @@ impl Fair {
             window_start: 0,
             bulk_wanted: false,
             think: None,
+            thinks: std::collections::VecDeque::new(),
+            drain_ps: None,
+            drain_sectors: 0,
+            drain_busy: 0,
+            bulk_event: 0,
             last_interactive: None,
             last_interactive_done: None,
             barrier_out: false,
@@ -590,6 +632,91 @@ impl Fair {
         Some(done.saturating_add(self.cfg.anticipate)).filter(|&t| t > now)
     }
 
+    /// The shortest of a regular reader's last think times, if it is one and drain-ahead is
+    /// on and bulk's drain rate is known (see [`FairConfig::drain_ahead`]); with it, bulk's
+    /// drain rate (picoseconds a sector) and the floor: `drain_floor_percent` of the sectors
+    /// bulk drains while one unloaded interactive request is served.
+    fn regular(&self) -> Option<(Nanos, u64, u64)> {
+        if !self.cfg.drain_ahead || self.thinks.len() < 4 {
+            return None;
+        }
+        let ps = self.drain_ps.filter(|&p| p > 0)?;
+        let lo = self.thinks.iter().copied().min()?;
+        let hi = self.thinks.iter().copied().max()?;
+        if hi > lo.saturating_mul(2) {
+            // Not a regular reader: its next request cannot be foreseen.
+            return None;
+        }
+        let one = sectors_in(self.baseline()?, ps);
+        let floor = (u128::from(one) * u128::from(self.cfg.drain_floor_percent) / 100)
+            .clamp(8, u128::from(self.cfg.budget_max.max(8)));
+        let floor = u64::try_from(floor).unwrap_or(u64::MAX);
+        Some((lo, ps, floor))
+    }
+
+    /// Bulk sectors allowed at the device now (interactive I/O being active): the budget,
+    /// or while a regular reader is foreseen, the floor plus what bulk drains before its
+    /// next request is due.
+    fn bulk_allowance(&self, now: Nanos) -> (u64, bool) {
+        let Some((lo, ps, floor)) = self.regular() else {
+            return (self.budget, true);
+        };
+        let max = self.cfg.budget_max.max(1);
+        if self.interactive_out > 0 {
+            // Its next request comes no sooner than its think time from now.
+            return (floor.saturating_add(sectors_in(lo, ps)).min(max), false);
+        }
+        let Some(done) = self.last_interactive_done else {
+            return (self.budget, true);
+        };
+        let due = done.saturating_add(lo);
+        if now >= due.saturating_add(lo) {
+            // Later than foreseen: the budget until it comes.
+            return (self.budget, true);
+        }
+        let ahead = floor.saturating_add(sectors_in(due.saturating_sub(now), ps));
+        (ahead.min(max), false)
+    }
+
+    /// Bulk at the device changes now: gathers its drain rate (sectors completed per time
+    /// with bulk at the device) before `bulk_sectors` changes, adding `completed` sectors.
+    fn note_bulk(&mut self, now: Nanos, completed: u64) {
+        if self.bulk_sectors > 0 {
+            self.drain_busy = self
+                .drain_busy
+                .saturating_add(now.saturating_sub(self.bulk_event));
+        }
+        self.bulk_event = now;
+        self.drain_sectors = self.drain_sectors.saturating_add(completed);
+        // A sample every millisecond of bulk at the device at least.
+        if self.drain_busy >= 1_000_000 && self.drain_sectors > 0 {
+            let sample = self.drain_busy.saturating_mul(1000) / self.drain_sectors;
+            self.drain_ps = Some(match self.drain_ps {
+                Some(old) => old.saturating_mul(3).saturating_add(sample) / 4,
+                None => sample,
+            });
+            self.drain_busy = 0;
+            self.drain_sectors = 0;
+        }
+    }
+
+    /// The largest bulk piece now, interactive I/O being active: twice the floor (rounded
+    /// down to a power of two) while draining ahead of a regular reader, else a quarter of
+    /// the budget.
+    fn piece_now(&self) -> u64 {
+        match self.regular() {
+            Some((_, _, floor)) => {
+                // A power of two (whole pages from 8 sectors up), so the piece size does not
+                // change with every new sample of the drain rate.
+                let two = floor.saturating_mul(2);
+                let p = 1u64 << (63 - two.max(1).leading_zeros());
+                let lo = self.cfg.piece_min.max(1);
+                p.clamp(lo, self.cfg.piece_max.max(lo))
+            }
+            None => self.piece,
+        }
+    }
+
     /// Closes the window: cut the budget if interactive latency is above target, grow it if
     /// well below and bulk wanted more.
     fn evaluate(&mut self, now: Nanos) {
@@ -603,6 +730,13 @@ impl Fair {
         // it holds fewer than 32.
         let tail = self.window[if n >= 32 { n - 2 } else { n - 1 }];
         self.window.clear();
+        if self.regular().is_some() {
+            // Draining ahead of a regular reader shapes bulk, not the budget: it is kept for
+            // when the reader strays, neither cut nor grown for windows it did not shape.
+            self.last_cut = None;
+            self.bulk_wanted = false;
+            return;
+        }
         let target = self.target().max(1);
         let (min, max) = (self.cfg.budget_min.max(1), self.cfg.budget_max.max(1));
         let last_cut = self.last_cut.take();
@@ -651,12 +785,20 @@ impl Fair {
         } else if self.may_hold(now) {
             return false;
         }
-        if self.bulk_sectors > 0 && self.bulk_sectors.saturating_add(sectors) > self.budget {
-            self.bulk_wanted = true;
+        let (allowance, by_budget) = self.bulk_allowance(now);
+        if self.bulk_sectors > 0 && self.bulk_sectors.saturating_add(sectors) > allowance {
+            // Only the budget's refusals grow it: while draining ahead, the drain limits bulk,
+            // and a budget grown then would flood the device when the reader next strays.
+            self.bulk_wanted |= by_budget;
             return false;
         }
         true
     }
+}
+
+/// The sectors bulk drains in `ns` at `ps` picoseconds a sector.
+fn sectors_in(ns: Nanos, ps: u64) -> u64 {
+    u64::try_from(u128::from(ns) * 1000 / u128::from(ps.max(1))).unwrap_or(u64::MAX)
 }
 
 /// Bulk pieces while shaping: a quarter of the budget, within the configured bounds, and a
@@ -792,6 +934,10 @@ impl Policy for Fair {
                 // Think time: from the last completion to this request, with none out.
                 if let Some(done) = self.last_interactive_done {
                     let t = now.saturating_sub(done);
+                    if self.thinks.len() >= 8 {
+                        self.thinks.pop_front();
+                    }
+                    self.thinks.push_back(t);
                     self.think = Some(match self.think {
                         Some(old) => (old * 7 + t) / 8,
                         None => t,
@@ -813,6 +959,7 @@ impl Policy for Fair {
         }
         match meta.class {
             IoClass::Bulk => {
+                self.note_bulk(now, 0);
                 self.bulk_sectors = self.bulk_sectors.saturating_add(meta.sectors.max(1));
                 self.end_hold(now);
             }
@@ -836,6 +983,12 @@ impl Policy for Fair {
         }
         match meta.class {
             IoClass::Bulk => {
+                let done = if matches!(how, Release::Done { .. }) {
+                    meta.sectors.max(1)
+                } else {
+                    0
+                };
+                self.note_bulk(now, done);
                 self.bulk_sectors = self.bulk_sectors.saturating_sub(meta.sectors.max(1));
                 self.last_bulk_done = Some(now);
                 return;
@@ -878,7 +1031,7 @@ impl Policy for Fair {
     }
 
     fn piece_limit(&self, now: Nanos, meta: &Meta) -> Option<u64> {
-        (meta.class == IoClass::Bulk && self.active_at(now)).then_some(self.piece)
+        (meta.class == IoClass::Bulk && self.active_at(now)).then(|| self.piece_now())
     }
 
     fn limits_pieces(&self, class: IoClass) -> bool {
@@ -889,9 +1042,10 @@ impl Policy for Fair {
         Some(Shape {
             bulk_sectors: self.bulk_sectors,
             budget_sectors: self.budget,
-            piece_sectors: self.piece,
+            piece_sectors: self.piece_now(),
             target_ns: self.target(),
             baseline_ns: self.baseline(),
+            drain_floor_sectors: self.regular().map(|(_, _, floor)| floor),
         })
     }
 }

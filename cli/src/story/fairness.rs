@@ -271,7 +271,8 @@ impl Goals {
 
 /// How the queues shaped bulk during a live run: samples of bulk's depth at each queue
 /// (commands at the device; components on one device share a queue), its piece size and
-/// budget, every 2 ms, and the controller's changes (the queues' `Shaped` events).
+/// budget, every 2 ms, whether it drained ahead of a regular reader then (and to what
+/// floor), and the controller's changes (the queues' `Shaped` events).
 struct ShapeTrace {
     stop: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<ShapeSamples>,
@@ -283,6 +284,7 @@ struct ShapeSamples {
     piece_kib: Vec<u64>,
     budget_kib: Vec<u64>,
     target_us: Vec<u64>,
+    drain_floor_kib: Vec<u64>,
     changes: u64,
 }
 
@@ -318,6 +320,9 @@ impl ShapeTrace {
                         out.piece_kib.push(s.piece_sectors / 2);
                         out.budget_kib.push(s.budget_sectors / 2);
                         out.target_us.push(s.target_ns / 1000);
+                        if let Some(f) = s.drain_floor_sectors {
+                            out.drain_floor_kib.push(f / 2);
+                        }
                     }
                 }
             }
@@ -357,6 +362,10 @@ pub(super) struct Shaping {
     piece_kib: Spread,
     budget_kib: Spread,
     target_us: Spread,
+    /// Percent of the samples taken while draining ahead of a regular reader.
+    drain_ahead_percent: u64,
+    /// The floor drained to then.
+    drain_floor_kib: Spread,
     changes: u64,
     samples: usize,
 }
@@ -368,16 +377,22 @@ impl ShapeSamples {
         self.piece_kib.extend(other.piece_kib);
         self.budget_kib.extend(other.budget_kib);
         self.target_us.extend(other.target_us);
+        self.drain_floor_kib.extend(other.drain_floor_kib);
         self.changes += other.changes;
     }
 
     fn summary(self) -> Shaping {
+        let shaped = self.piece_kib.len();
         Shaping {
             samples: self.depth.len(),
             depth: Spread::of(self.depth),
             piece_kib: Spread::of(self.piece_kib),
             budget_kib: Spread::of(self.budget_kib),
             target_us: Spread::of(self.target_us),
+            drain_ahead_percent: (self.drain_floor_kib.len() * 100)
+                .checked_div(shaped)
+                .unwrap_or(0) as u64,
+            drain_floor_kib: Spread::of(self.drain_floor_kib),
             changes: self.changes,
         }
     }
@@ -387,7 +402,7 @@ impl Shaping {
     fn line(&self) -> String {
         let (d, p, b, t) = (self.depth, self.piece_kib, self.budget_kib, self.target_us);
         format!(
-            "depth {}/{}/{}, piece {}/{}/{} KiB, budget {}/{}/{} KiB, target {}/{}/{} us (min/median/max), {} changes",
+            "depth {}/{}/{}, piece {}/{}/{} KiB, budget {}/{}/{} KiB, target {}/{}/{} us (min/median/max), drain-ahead {}% (floor {}/{}/{} KiB), {} changes",
             d.min,
             d.median,
             d.max,
@@ -400,6 +415,10 @@ impl Shaping {
             t.min,
             t.median,
             t.max,
+            self.drain_ahead_percent,
+            self.drain_floor_kib.min,
+            self.drain_floor_kib.median,
+            self.drain_floor_kib.max,
             self.changes
         )
     }

@@ -209,6 +209,7 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
                 budget_sectors = s.budget_sectors,
                 piece_sectors = s.piece_sectors,
                 target_us = s.target_ns / 1000,
+                drain_floor_sectors = ?s.drain_floor_sectors,
                 "bulk shaping changed"
             ),
             Event::Barrier { ticket } => tracing::debug!(
