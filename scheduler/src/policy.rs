@@ -482,6 +482,9 @@ pub struct Fair {
     think: Option<Nanos>,
     /// The last think times, for draining ahead of a regular reader.
     thinks: std::collections::VecDeque<Nanos>,
+    /// The next interactive request comes after a pause over 8 times the reader's shortest
+    /// recent think time: it is no unloaded sample.
+    resumed: bool,
     /// Bulk's drain rate at the device, in picoseconds a sector (smoothed), and the sectors
     /// completed and the time with bulk at the device gathered for its next sample since
     /// `bulk_event`.
@@ -527,6 +530,7 @@ impl Fair {
             bulk_wanted: false,
             think: None,
             thinks: std::collections::VecDeque::new(),
+            resumed: false,
             drain_ps: None,
             drain_sectors: 0,
             drain_busy: 0,
@@ -934,6 +938,16 @@ impl Policy for Fair {
                 // Think time: from the last completion to this request, with none out.
                 if let Some(done) = self.last_interactive_done {
                     let t = now.saturating_sub(done);
+                    // A reader back from a pause far beyond its habit finds a device that
+                    // has gone cold (the first read after a pause runs slow on many): its
+                    // read tells nothing of the unloaded latency.
+                    let habit = self
+                        .thinks
+                        .iter()
+                        .copied()
+                        .min()
+                        .filter(|_| self.thinks.len() >= 4);
+                    self.resumed = habit.is_some_and(|h| t > h.saturating_mul(8));
                     if self.thinks.len() >= 8 {
                         self.thinks.pop_front();
                     }
@@ -965,6 +979,7 @@ impl Policy for Fair {
             }
             IoClass::Interactive => {
                 let quiet = self.bulk_sectors == 0
+                    && !std::mem::take(&mut self.resumed)
                     && self
                         .last_bulk_done
                         .is_none_or(|t| now.saturating_sub(t) >= self.cfg.probe_quiet);

@@ -102,8 +102,8 @@ pub struct TagQueue<R, P> {
     wait_until: Option<Nanos>,
     drain_for: Option<IoClass>,
     closed: bool,
-    /// The policy's shaping as last reported (budget, piece).
-    last_shape: Option<(u64, u64)>,
+    /// The policy's shaping as last reported (budget, piece, whether draining ahead).
+    last_shape: Option<(u64, u64, bool)>,
 }
 
 impl<R, P: Policy> TagQueue<R, P> {
@@ -486,7 +486,13 @@ impl<R, P: Policy> TagQueue<R, P> {
     /// Queues an [`Event::Shaped`] if the policy's shaping changed.
     fn note_shape(&mut self) {
         let now = self.policy.shape();
-        let key = now.map(|s| (s.budget_sectors, s.piece_sectors));
+        let key = now.map(|s| {
+            (
+                s.budget_sectors,
+                s.piece_sectors,
+                s.drain_floor_sectors.is_some(),
+            )
+        });
         if key != self.last_shape {
             self.last_shape = key;
             if let Some(s) = now {

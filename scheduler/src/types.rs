@@ -195,7 +195,8 @@ pub enum Event {
         /// The request that carries the ordered tag.
         ticket: Ticket,
     },
-    /// The policy changed how it shapes bulk I/O (see [`crate::Shape`]).
+    /// The policy changed how it shapes bulk I/O (see [`crate::Shape`]): its budget, its
+    /// piece size, or whether it drains ahead of a regular reader.
     Shaped(crate::Shape),
 }
 

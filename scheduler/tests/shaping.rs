@@ -457,3 +457,30 @@ fn an_irregular_reader_leaves_bulk_to_the_budget() {
     assert_eq!(on.bulk_at_read, off.bulk_at_read);
     assert_eq!(on.bulk_done, off.bulk_done);
 }
+
+/// A reader back from a pause far beyond its habit (1 s, after reads 1 ms apart) finds a
+/// cold device: its slow first read (3 ms against 100 µs) is no unloaded sample. Here every
+/// other read is one, so counted they would be half the samples and the baseline (their
+/// median) would be theirs.
+#[test]
+fn a_read_after_a_long_pause_is_no_unloaded_sample() {
+    let mut q = TagQueue::new(QueueConfig::default(), Fair::new(FairConfig::default()));
+    let read = Meta::new(IoClass::Interactive, Dir::Read).with_sectors(8);
+    let one = |q: &mut TagQueue<(), Fair>, now: &mut Nanos, service: Nanos| {
+        q.submit(*now, (), read).unwrap();
+        let d = q
+            .poll_dispatch(*now)
+            .expect("an idle queue sends a read at once");
+        *now += service;
+        q.handle_completion(*now, d.tag, Outcome::Done).unwrap();
+    };
+    let mut now = 0;
+    for _ in 0..20 {
+        one(&mut q, &mut now, 100_000);
+        now += 1_000_000_000;
+        one(&mut q, &mut now, 3_000_000);
+        now += 1_000_000;
+    }
+    let shape = q.shape().expect("the fair policy shapes");
+    assert_eq!(shape.baseline_ns, Some(100_000));
+}
