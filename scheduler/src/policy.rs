@@ -307,7 +307,9 @@ pub struct Shape {
 /// wait less behind each other). The target is a multiple of the interactive latency seen
 /// with no bulk at the device, which the controller learns by itself and refreshes by holding
 /// bulk back briefly when it has not seen such a sample for a while, so it needs to know
-/// nothing of the device.
+/// nothing of the device. A read that comes after a pause over 8 times the reader's shortest
+/// recent think time is no such sample: a device gone cold serves it slowly, whatever bulk
+/// does.
 ///
 /// A reader that comes back at a regular pause (a login's keystrokes, fio's `--thinktime`)
 /// is also drained ahead of (`drain_ahead`): bulk fills the device between its requests and
@@ -377,7 +379,9 @@ pub struct FairConfig {
     /// budget, and bulk is shaped by the drain, not the budget (which is neither grown nor
     /// used meanwhile). A reader later than twice its think time past its last completion is
     /// not coming as foreseen: the budget applies again until it comes. Bulk pieces are
-    /// then twice the floor (within `piece_min` and `piece_max`).
+    /// then twice the floor, rounded down to a power of two (within `piece_min` and
+    /// `piece_max`). It assumes one reader at a time: a think time is taken only when no
+    /// interactive request is out.
     pub drain_ahead: bool,
     /// The bulk left at the device when a regular reader's request is due (with
     /// `drain_ahead`), as a percentage of the bulk the device drains while it serves one
