@@ -449,6 +449,7 @@ impl Default for FairConfig {
 /// let shape = p.shape().unwrap();
 /// assert_eq!(shape.budget_sectors, 2048);
 /// assert_eq!(shape.baseline_ns, None, "no interactive I/O seen yet");
+/// assert_eq!(shape.drain_floor_sectors, None, "no regular reader to drain ahead of");
 /// ```
 #[derive(Clone, Debug)]
 pub struct Fair {
@@ -716,8 +717,7 @@ impl Fair {
             Some((_, _, floor)) => {
                 // A power of two (whole pages from 8 sectors up), so the piece size does not
                 // change with every new sample of the drain rate.
-                let two = floor.saturating_mul(2);
-                let p = 1u64 << (63 - two.max(1).leading_zeros());
+                let p = 1u64 << floor.saturating_mul(2).max(1).ilog2();
                 let lo = self.cfg.piece_min.max(1);
                 p.clamp(lo, self.cfg.piece_max.max(lo))
             }

@@ -305,6 +305,8 @@ struct Beside {
     bulk_at_read: Vec<u64>,
     /// Bulk sectors completed.
     bulk_done: u64,
+    /// `Shaped` events that said the policy drains ahead of the reader.
+    draining_events: usize,
 }
 
 /// Runs `secs` of one interactive reader (8 sectors, thinking `thinks[i % len]` after its
@@ -329,7 +331,8 @@ fn reader_beside_bulk(fair: FairConfig, thinks: &[Nanos], secs: u64) -> Beside {
     for _ in 0..16 {
         write(&mut q, 0);
     }
-    // The device: commands in arrival order, each (tag, is bulk, sectors, read's submission).
+    // The device: commands in arrival order, each (tag, the read's submission or `None` for
+    // bulk, sectors).
     let mut fifo: std::collections::VecDeque<(u32, Option<Nanos>, u64)> = Default::default();
     let mut busy_until: Option<Nanos> = None;
     let mut bulk_at_device = 0u64;
@@ -337,6 +340,7 @@ fn reader_beside_bulk(fair: FairConfig, thinks: &[Nanos], secs: u64) -> Beside {
         read_latency: Vec::new(),
         bulk_at_read: Vec::new(),
         bulk_done: 0,
+        draining_events: 0,
     };
     let mut next_read = Some(0);
     let mut reads = 0usize;
@@ -352,6 +356,11 @@ fn reader_beside_bulk(fair: FairConfig, thinks: &[Nanos], secs: u64) -> Beside {
             fifo.push_back((d.tag.0, d.req, d.meta.sectors));
             if busy_until.is_none() {
                 busy_until = Some(now + 50_000 + d.meta.sectors * 500);
+            }
+        }
+        while let Some(e) = q.poll_event() {
+            if let Event::Shaped(s) = e {
+                out.draining_events += usize::from(s.drain_floor_sectors.is_some());
             }
         }
         let t = [busy_until, next_read, q.poll_timeout()]
@@ -412,6 +421,12 @@ fn a_regular_reader_finds_the_floor_not_the_budget() {
     );
     // The floor: three times the bulk drained while one unloaded read is served (54 µs at
     // 500 ns a sector: 108 sectors); reads find at most twice that.
+    // The caller is told: a `Shaped` event says when draining ahead starts.
+    assert!(
+        on.draining_events > 0,
+        "no Shaped event reported draining ahead"
+    );
+    assert_eq!(off.draining_events, 0);
     let at = p99(&on.bulk_at_read);
     assert!(
         at <= 648,
@@ -453,6 +468,10 @@ fn an_irregular_reader_leaves_bulk_to_the_budget() {
         10,
     );
     assert!(on.read_latency.len() > 1000);
+    assert_eq!(
+        on.draining_events, 0,
+        "an irregular reader was drained ahead of"
+    );
     assert_eq!(on.read_latency, off.read_latency);
     assert_eq!(on.bulk_at_read, off.bulk_at_read);
     assert_eq!(on.bulk_done, off.bulk_done);
