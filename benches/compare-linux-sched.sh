@@ -45,8 +45,20 @@ engine=io_uring
 fio --name=probe --ioengine=io_uring --filename="$dev" --size=4k --rw=read \
   --direct=1 --runtime=1 --output=/dev/null >/dev/null 2>&1 || engine=libaio
 
-fio_row() { # scheduler -> "p99_ms bulk_mb_s"
-  echo "$1" >"$queue/scheduler"
+# The scheduler the queue really runs: the bracketed one in sysfs.
+active_sched() { sed -n 's/.*\[\([^]]*\)\].*/\1/p' "$queue/scheduler"; }
+# Set a scheduler and check that it took: a write the kernel refuses, or one it takes without
+# switching, must not be measured under the wrong name.
+set_sched() { # scheduler -> 0 if it is now the active one
+  echo "$1" >"$queue/scheduler" 2>/dev/null || true
+  [[ $(active_sched) == "$1" ]]
+}
+unavailable=()
+note_unavailable() { # scheduler
+  [[ " ${unavailable[*]-} " == *" $1 "* ]] || unavailable+=("$1")
+}
+
+fio_row() { # scheduler -> "p99_ms bulk_mb_s" (the caller has set it)
   fio --output-format=json --ioengine="$engine" --direct=1 --filename="$dev" \
     --time_based --runtime="$secs" \
     --name=writer --rw=write --bs=1M --iodepth=16 \
@@ -58,8 +70,7 @@ p99=jobs["reader"]["read"]["clat_ns"]["percentile"]["99.000000"]/1e6
 print(round(p99, 3), round(jobs["writer"]["write"]["bw_bytes"]/1e6, 1))'
 }
 
-tagstripe_rows() { # -> two lines "label p99_ms bulk_mb_s"
-  echo none >"$queue/scheduler"
+tagstripe_rows() { # -> two lines "label p99_ms bulk_mb_s" (the caller has set none)
   "$bin" bench fairness --component "$dev" --live-seconds "$secs" --json |
     python3 -c 'import json,sys
 j=json.load(sys.stdin)
@@ -77,14 +88,25 @@ print(f"{label:<16} {p99:>12.2f} {mb:>12.1f} {mb / max(p99, 1e-3):>16.0f}")' "$@
 printf '%-16s %12s %12s %16s\n' "scheduler" "reader p99 ms" "bulk MB/s" "MB/s per ms p99"
 for ((r = 0; r < runs; r++)); do
   for s in none mq-deadline kyber bfq; do
-    if ! grep -qw "$s" "$queue/scheduler"; then
-      echo "$s: not in this kernel"
+    if ! set_sched "$s"; then
+      echo "$s: could not be set (this kernel offers: $(cat "$queue/scheduler")); not measured"
+      note_unavailable "$s"
       continue
     fi
     read -r p99 mb < <(fio_row "$s")
     row "$s" "$p99" "$mb"
   done
+  if ! set_sched none; then
+    echo "none: could not be set under tagstripe (active: $(active_sched)); tagstripe rows skipped"
+    note_unavailable none
+    continue
+  fi
   while read -r label p99 mb; do
     row "$label" "$p99" "$mb"
   done < <(tagstripe_rows)
 done
+if ((${#unavailable[@]})); then
+  echo "schedulers that could not be set, so not measured: ${unavailable[*]}"
+else
+  echo "every scheduler asked for was set and checked active before its run"
+fi

@@ -18,8 +18,9 @@ use crate::components::{self, OpenOptions};
 pub(crate) struct ServeArgs {
     /// Address and port to listen on (loopback unless another address is given; port 0
     /// picks a free one), `unix:PATH` for a Unix socket, or `-` for one connection on
-    /// standard input and output (as inetd and libnbd's `connect_command` start a server;
-    /// messages then go to standard error). Started by systemd socket activation
+    /// standard input and output (as libnbd's `connect_command` starts a server; when
+    /// standard input is a socket, as inetd passes one, both directions go over it);
+    /// messages then go to standard error. Started by systemd socket activation
     /// (`LISTEN_PID` naming this process, `LISTEN_FDS`), it serves the sockets passed from
     /// fd 3 instead.
     #[arg(long, default_value = "127.0.0.1:10809")]
@@ -272,6 +273,7 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         let vol = b
             .metadata(metadata)
             .assume_clean(args.assume_clean)
+            .read_only(args.read_only)
             .on_event(say_event)
             .open()
             .await;
@@ -512,6 +514,22 @@ fn activation_fds() -> Option<Vec<std::os::fd::OwnedFd>> {
     Some(fds)
 }
 
+/// Standard input as a connected stream socket (TCP or Unix), if it is one: a duplicate of
+/// fd 0, so standard input itself stays as it is.
+fn stdin_socket() -> std::io::Result<Option<tokio::net::UnixStream>> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    let fd = std::io::stdin().as_fd().try_clone_to_owned()?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata()?.file_type().is_socket() {
+        return Ok(None);
+    }
+    // A UnixStream reads and writes any connected stream socket's fd, TCP's too.
+    let sock = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(file));
+    sock.set_nonblocking(true)?;
+    tokio::net::UnixStream::from_std(sock).map(Some)
+}
+
 impl Listener {
     async fn bind(spec: &str) -> std::io::Result<Self> {
         if let Some(fds) = activation_fds() {
@@ -580,12 +598,18 @@ impl Listener {
             Self::Tcp(l, _) => server.serve(l).await,
             Self::Unix(l, _path) => server.serve_unix(l).await,
             Self::Stdio => {
-                let io = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
                 let class = server.config().class;
-                server
-                    .serve_connection(io, class)
-                    .await
-                    .map_err(std::io::Error::from)
+                // Started the inetd way, standard input may be the connected socket itself
+                // (and standard output elsewhere, or closed): then both directions go over it,
+                // as nbd-server does.
+                let served = match stdin_socket()? {
+                    Some(sock) => server.serve_connection(sock, class).await,
+                    None => {
+                        let io = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
+                        server.serve_connection(io, class).await
+                    }
+                };
+                served.map_err(std::io::Error::from)
             }
             Self::Activated(ls) => {
                 let all = ls

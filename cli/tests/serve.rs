@@ -13,7 +13,7 @@ mod peers;
 use peers::{Peer, have, qemu_nbd, scratch};
 #[path = "common/serve.rs"]
 mod serve;
-use serve::{Serve, have_python_libnbd, make_files, qemu_io, through_map};
+use serve::{Serve, have_python_libnbd, make_files, qemu_io, run, through_map};
 
 #[test]
 fn qemu_io_and_qemu_img_against_serve() {
@@ -629,5 +629,299 @@ fn a_resync_killed_midway_resumes_and_loses_nothing() {
         assert_eq!(bad, None, "{} differs at byte {bad:?}", f.display());
     }
     drop(kit1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Makes a mirror with metadata over `sides` (files or NBD URLs), in sync, holding 0x3c in
+/// its first MiB and 0x7d in its second, then stopped cleanly; returns the serve arguments.
+fn make_clean_mirror(sides: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--flavor",
+        "freebsd",
+        "--mirror",
+        "--no-offset",
+        "--interleave",
+        "16",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(sides.iter().map(|s| (*s).to_owned()));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut s = Serve::start(&argv);
+    s.wait_err("resync complete");
+    qemu_io(
+        &s.url,
+        &[
+            "write -P 0x3c 0 1M".to_owned(),
+            "write -P 0x7d 1M 1M".to_owned(),
+            "flush".to_owned(),
+        ],
+    );
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    args
+}
+
+/// `serve --read-only` on `args`: it starts, serves the mirror's bytes, refuses a write
+/// (qemu-io fails), and stops cleanly.
+fn read_only_session(args: &[String]) {
+    let mut argv: Vec<&str> = vec!["--read-only"];
+    argv.extend(args.iter().map(String::as_str));
+    let s = Serve::start(&argv);
+    assert!(s.out[1].contains("read-only"), "{:?}", s.out);
+    let read = |cmds: &[&str]| {
+        let mut c = Command::new("qemu-io");
+        c.args(["-r", "-f", "raw", &s.url]);
+        for cmd in cmds {
+            c.args(["-c", cmd]);
+        }
+        let text = run(&mut c);
+        assert!(!text.contains("Pattern verification failed"), "{text}");
+        assert!(!text.contains("failed:"), "{text}");
+    };
+    read(&["read -P 0x3c 0 1M", "read -P 0x7d 1M 1M"]);
+    let o = Command::new("qemu-io")
+        .args(["-f", "raw", &s.url, "-c", "write -P 0x11 0 64k"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !o.status.success() || text.contains("failed"),
+        "a write to a read-only export went through: {text}"
+    );
+    read(&["read -P 0x3c 0 64k"]);
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    assert!(!err.contains("dropped"), "{err}");
+}
+
+/// A read-only open writes nothing, to any component, ever: a mirror with metadata over
+/// two files is served read-only (reads right, writes refused), and both files are byte for
+/// byte what they were, metadata included.
+#[test]
+fn read_only_mirror_over_files_writes_nothing() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("ro-mirror-files");
+    let files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("m{i}.img"))).collect();
+    for f in &files {
+        std::fs::File::create(f)
+            .and_then(|h| h.set_len(8 << 20))
+            .unwrap();
+    }
+    let paths: Vec<&str> = files.iter().map(|p| p.to_str().unwrap()).collect();
+    let args = make_clean_mirror(&paths);
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    read_only_session(&args);
+    read_only_session(&args);
+    for (f, b) in files.iter().zip(&before) {
+        assert!(
+            std::fs::read(f).unwrap() == *b,
+            "{} changed under --read-only",
+            f.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same over two writable nbdkit exports of two files: --read-only must not write to
+/// them although the server would take it.
+#[test]
+fn read_only_mirror_over_writable_nbd_exports_writes_nothing() {
+    if !have("qemu-io") || !have("nbdkit") {
+        return;
+    }
+    let dir = scratch("ro-mirror-nbd");
+    let files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("m{i}.img"))).collect();
+    for f in &files {
+        std::fs::File::create(f)
+            .and_then(|h| h.set_len(8 << 20))
+            .unwrap();
+    }
+    let kits: Vec<Peer> = files
+        .iter()
+        .map(|f| peers::nbdkit(&["file", f.to_str().unwrap()]))
+        .collect();
+    let urls: Vec<String> = kits
+        .iter()
+        .map(|k| format!("nbd://127.0.0.1:{}/", k.port))
+        .collect();
+    let sides: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let args = make_clean_mirror(&sides);
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    read_only_session(&args);
+    for (f, b) in files.iter().zip(&before) {
+        assert!(
+            std::fs::read(f).unwrap() == *b,
+            "{} changed under --read-only",
+            f.display()
+        );
+    }
+    drop(kits);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs a Python script against libnbd's bindings with `args`; panics with its output
+/// unless it prints `ok` and succeeds.
+fn python_libnbd(script: &str, args: &[&str]) {
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A write larger than the agreed maximum payload, sent by libnbd with strict mode off: it
+/// is refused with EINVAL, its payload read and dropped, and the connection goes on serving
+/// (as nbdkit does), with and without extended headers.
+#[test]
+fn an_oversize_write_is_refused_and_the_connection_serves_on() {
+    if !have_python_libnbd() {
+        return;
+    }
+    let dir = scratch("oversize");
+    let img = dir.join("disk.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(96 << 20))
+        .unwrap();
+    let sock = dir.join("s.sock");
+    let s = Serve::start_export(
+        &format!("unix:{}", sock.display()),
+        "d",
+        &["--max-request", "1048576", img.to_str().unwrap()],
+    );
+    let script = r#"
+import sys, errno, nbd
+uri = sys.argv[1]
+for extended in (True, False):
+    h = nbd.NBD()
+    h.set_strict_mode(0)
+    if hasattr(h, "set_request_extended_headers"):
+        h.set_request_extended_headers(extended)
+    elif not extended:
+        continue
+    h.connect_uri(uri)
+    assert h.get_block_size(nbd.SIZE_MAXIMUM) == 1 << 20, h.get_block_size(nbd.SIZE_MAXIMUM)
+    h.pwrite(b"\x5a" * 4096, 0)
+    try:
+        h.pwrite(b"\x01" * (8 << 20), 0)
+        raise SystemExit("an 8 MiB write over a 1 MiB maximum was accepted")
+    except nbd.Error as e:
+        assert e.errno in ("EINVAL", errno.EINVAL), (e.string, e.errno)
+    # The payload was skipped, not read as requests: the connection still works.
+    assert h.pread(4096, 0) == b"\x5a" * 4096
+    h.pwrite(b"\x6b" * (1 << 20), 1 << 20)
+    assert h.pread(1 << 20, 1 << 20) == b"\x6b" * (1 << 20)
+    h.shutdown()
+print("ok")
+"#;
+    python_libnbd(script, &[&s.url]);
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    let raw = std::fs::read(&img).unwrap();
+    assert!(
+        raw[..4096].iter().all(|&b| b == 0x5a),
+        "the refused write landed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Started the inetd way: the connected socket is standard input only (standard output is
+/// /dev/null); `serve --listen -` answers over that socket, both ways.
+#[test]
+fn serve_on_a_socket_passed_as_standard_input() {
+    if !have_python_libnbd() {
+        return;
+    }
+    let dir = scratch("inetd");
+    let img = dir.join("disk.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(16 << 20))
+        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_tagstripe");
+    let script = r#"
+import socket, subprocess, sys, nbd
+bin, img = sys.argv[1], sys.argv[2]
+ours, theirs = socket.socketpair()
+p = subprocess.Popen([bin, "serve", "--listen", "-", img], stdin=theirs,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+theirs.close()
+h = nbd.NBD()
+h.connect_socket(ours.fileno())
+assert h.get_size() == 16 << 20, h.get_size()
+h.pwrite(b"\xee" * 65536, 4096)
+h.flush()
+assert h.pread(65536, 4096) == b"\xee" * 65536
+h.shutdown()
+err = p.communicate(timeout=60)[1]
+assert p.returncode == 0, err
+print("ok")
+"#;
+    python_libnbd(script, &[bin, img.to_str().unwrap()]);
+    let raw = std::fs::read(&img).unwrap();
+    assert!(raw[4096..4096 + 65536].iter().all(|&b| b == 0xee));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 3,000 connections to serve's Unix socket that connect and say nothing: a client that
+/// speaks next is still served within a second (the silent ones give way).
+#[test]
+fn a_flood_of_silent_connections_does_not_lock_a_client_out() {
+    let dir = scratch("flood");
+    let img = dir.join("disk.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(1 << 20))
+        .unwrap();
+    let sock = dir.join("s.sock");
+    let s = Serve::start_export(
+        &format!("unix:{}", sock.display()),
+        "d",
+        &[img.to_str().unwrap()],
+    );
+    let mut flood = Vec::new();
+    for i in 0..3000 {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(c) => flood.push(c),
+            // This process's own descriptor limit: what it could open is the flood.
+            Err(e) if e.raw_os_error() == Some(24) => {
+                eprintln!("flood stopped at {i} connections: {e}");
+                break;
+            }
+            Err(e) => panic!("connection {i}: {e}"),
+        }
+    }
+    assert!(flood.len() > 1024, "only {} connections", flood.len());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let got = rt.block_on(async {
+        use tagstripe::BlockDevice;
+        let c = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            tagstripe::nbd::NbdDevice::connect(&s.url),
+        )
+        .await
+        .expect("no greeting within a second of the flood")
+        .unwrap();
+        c.read(0, 1, tagstripe::IoOpts::new()).await.unwrap()
+    });
+    assert_eq!(got, vec![0u8; 512], "served in {:?}", started.elapsed());
+    drop(flood);
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

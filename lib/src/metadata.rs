@@ -671,6 +671,40 @@ pub(crate) struct Plan {
     pub(crate) whole: bool,
 }
 
+/// A read-only open: nothing is written to any component, and no keeper is installed (so
+/// nothing ever can be). The sides that a read-write open would resync are not read: stale
+/// sides, the second half of a new mirror (never copied), and after an unclean stop
+/// (a dirty bitmap) the second half, whose dirty chunks may differ from the first's. A side
+/// is never taken out if its partner is not in sync: that copy is the only one.
+fn open_read_only(s: &Striped, assembly: &superblock::Assembly, assume_clean: bool) {
+    let mirror = s.geometry().is_mirror();
+    let n = s.components().len();
+    let half = n / 2;
+    let not_read: Vec<usize> = match assembly {
+        superblock::Assembly::New if mirror && !assume_clean => (half..n).collect(),
+        superblock::Assembly::New => Vec::new(),
+        superblock::Assembly::Existing { stale, bitmap, .. } => {
+            let mut v = stale.clone();
+            if mirror && stale.is_empty() && !bitmap.is_clear() {
+                v.extend(half..n);
+            }
+            v
+        }
+    };
+    for i in not_read {
+        if s.readable(s.partner(i)) {
+            s.mark_failed(i);
+            tracing::warn!(
+                target: "tagstripe::mirror",
+                volume = %s.info().name,
+                component = i,
+                "read-only: the side is not read (stale, or not known to match its partner); \
+                 nothing is written to resync it"
+            );
+        }
+    }
+}
+
 /// Opens `s`'s metadata: a new volume gets its first copies on every component; an existing
 /// one has its stale components marked (never read) and keeps its metadata from then on.
 /// Returns what a resync must copy.
@@ -742,7 +776,12 @@ pub(crate) async fn open(
         }
     };
     let mut plan = Plan::default();
-    match superblock::assemble(&found, fingerprint)? {
+    let assembly = superblock::assemble(&found, fingerprint)?;
+    if s.info().read_only {
+        open_read_only(s, &assembly, assume_clean);
+        return Ok(plan);
+    }
+    match assembly {
         superblock::Assembly::New => {
             s.keep(
                 Keeper::new(new_uuid(), fingerprint, 0, fresh(), 0)

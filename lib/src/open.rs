@@ -89,7 +89,13 @@ pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn DynBlockDevice>
     {
         #[cfg(feature = "nbd")]
         {
-            return Ok(Arc::new(crate::nbd::NbdDevice::connect(spec).await?));
+            let config = crate::nbd::ClientConfig {
+                read_only: o.read_only,
+                ..crate::nbd::ClientConfig::default()
+            };
+            return Ok(Arc::new(
+                crate::nbd::NbdDevice::connect_with(spec, config).await?,
+            ));
         }
         #[cfg(not(feature = "nbd"))]
         return Err(Error::Unsupported {

@@ -68,6 +68,7 @@ pub struct VolumeBuilder {
     layers: Layers,
     metadata: bool,
     assume_clean: bool,
+    read_only: bool,
     bitmap_delay: std::time::Duration,
     events: Option<crate::resync::EventSink>,
 }
@@ -159,6 +160,7 @@ impl VolumeBuilder {
         let vol = self.assemble()?;
         if metadata {
             let plan = crate::metadata::open(&vol.striped, assume_clean, delay).await?;
+            // A read-only volume plans nothing: it serves from the sides in sync.
             if !plan.targets.is_empty() {
                 vol.start_resync(plan.targets);
             }
@@ -182,6 +184,44 @@ impl VolumeBuilder {
     #[must_use]
     pub fn assume_clean(mut self, on: bool) -> Self {
         self.assume_clean = on;
+        self
+    }
+
+    /// Opens the volume read-only, as `mdadm --readonly` and `qemu-nbd -r` do: every
+    /// write, zeroing and discard is refused, and nothing is ever written to any component,
+    /// not even the metadata (no event count bumped, no bitmap cleared, no resync, no side
+    /// dropped on disk). A mirror is then served from the sides its metadata says are in
+    /// sync: a stale side, and after an unclean stop every side a resync would have copied
+    /// to, is not read. A volume is read-only too when any component is.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bytes::Bytes;
+    /// use tagstripe::striping::Flavor;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice, Volume};
+    /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+    /// let (a, b) = (Arc::new(MemDevice::new("a", 4096)), Arc::new(MemDevice::new("b", 4096)));
+    /// let v = Volume::builder([a.clone(), b.clone()])
+    ///     .flavor(Flavor::FreeBsd).no_offset(true).mirror(true).metadata(true).assume_clean(true)
+    ///     .open().await?;
+    /// v.write(0, Bytes::from(vec![7u8; 4096]), IoOpts::new()).await?;
+    /// v.close().await?;
+    /// drop(v);
+    /// let before = (a.read(0, 4096, IoOpts::new()).await?, b.read(0, 4096, IoOpts::new()).await?);
+    /// let ro = Volume::builder([a.clone(), b.clone()])
+    ///     .flavor(Flavor::FreeBsd).no_offset(true).mirror(true).metadata(true).read_only(true)
+    ///     .open().await?;
+    /// assert_eq!(ro.read(0, 8, IoOpts::new()).await?, vec![7u8; 4096]);
+    /// assert!(ro.write(0, Bytes::from(vec![0u8; 512]), IoOpts::new()).await.is_err());
+    /// ro.close().await?;
+    /// let after = (a.read(0, 4096, IoOpts::new()).await?, b.read(0, 4096, IoOpts::new()).await?);
+    /// assert!(before == after, "a read-only open wrote nothing");
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
         self
     }
 
@@ -450,7 +490,10 @@ impl VolumeBuilder {
             };
             wrapped.push(dev);
         }
-        let striped = Striped::over(&self.name, geometry, wrapped)?;
+        let mut striped = Striped::over(&self.name, geometry, wrapped)?;
+        if self.read_only {
+            striped.set_read_only();
+        }
         if let Some(policy) = self.mirror_reads {
             striped.set_mirror_reads(policy);
         }
@@ -568,6 +611,7 @@ impl Volume {
             layers: Layers::default(),
             metadata: false,
             assume_clean: false,
+            read_only: false,
             bitmap_delay: std::time::Duration::from_secs(5),
             events: None,
         }
@@ -713,6 +757,9 @@ impl Volume {
                 what: what.to_owned(),
             })
         };
+        if self.striped.info().read_only {
+            return refuse("the volume is read-only: a resync would write");
+        }
         if !self
             .striped
             .keeper()
@@ -773,6 +820,9 @@ impl Volume {
     /// device too small, of another block size or read-only; a failure to record the drop.
     pub async fn replace(&self, component: usize, device: Arc<dyn DynBlockDevice>) -> Result<()> {
         let refuse = |what: String| Err(crate::Error::Resync { component, what });
+        if self.striped.info().read_only {
+            return refuse("the volume is read-only: a replacement would be written".into());
+        }
         let Some(slot) = self.slots.get(component) else {
             return refuse(if self.slots.is_empty() {
                 "only a mirror with metadata (VolumeBuilder::metadata) can replace a side".into()
@@ -842,6 +892,10 @@ impl Volume {
     /// # Errors
     /// The flush's.
     pub async fn close(&self) -> Result<()> {
+        if self.striped.info().read_only {
+            // Nothing was written: nothing to make durable, no bitmap to clear.
+            return Ok(());
+        }
         let mark = self.striped.keeper().and_then(|k| k.flush_mark_of(None));
         self.flush(IoOpts::new()).await?;
         if let (Some(k), Some((epoch, chunks))) = (self.striped.keeper(), mark) {

@@ -1113,3 +1113,67 @@ async fn allocation_over_nbd_is_block_status() {
     drop(peer);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every slot held by clients that connect and say nothing (or stop half-way through the
+/// negotiation): the next real client is still served, at once, because the connection
+/// that has negotiated least gives way to it; clients in transmission are never closed
+/// for a newcomer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_give_way_to_a_client_that_speaks() {
+    let vol: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("m", 2048));
+    let config = ServerConfig {
+        max_connections: 8,
+        ..ServerConfig::default()
+    };
+    let (base, server) = start(NbdServer::new(config).export("vol", vol)).await;
+    let addr = base.trim_start_matches("nbd://").to_owned();
+    // A client in transmission first: it must survive the flood.
+    let old = NbdDevice::connect(&format!("{base}/vol")).await.unwrap();
+    old.write(0, Bytes::from(vec![5u8; 512]), IoOpts::new())
+        .await
+        .unwrap();
+    // 200 silent connections and 20 that stop after the greeting's reply.
+    let mut flood = Vec::new();
+    for _ in 0..200 {
+        flood.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut hello = [0u8; 18];
+        // Read the greeting only if this one got a slot before the rest of the flood.
+        if tokio::time::timeout(Duration::from_millis(50), s.read_exact(&mut hello))
+            .await
+            .is_ok()
+        {
+            s.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+                .await
+                .unwrap();
+        }
+        flood.push(s);
+    }
+    let started = std::time::Instant::now();
+    let c = tokio::time::timeout(
+        Duration::from_secs(1),
+        NbdDevice::connect(&format!("{base}/vol")),
+    )
+    .await
+    .expect("a client that speaks was not served within a second of a flood")
+    .unwrap();
+    assert_eq!(
+        c.read(0, 1, IoOpts::new()).await.unwrap(),
+        vec![5u8; 512],
+        "served after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        server
+            .counters()
+            .evicted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 200,
+        "the flood was not evicted"
+    );
+    // The client in transmission before the flood is still served.
+    assert_eq!(old.read(0, 1, IoOpts::new()).await.unwrap(), vec![5u8; 512]);
+    drop(flood);
+}

@@ -131,6 +131,11 @@ impl Striped {
         })
     }
 
+    /// Refuses every write, zeroing and discard from now on (a read-only volume).
+    pub(crate) fn set_read_only(&mut self) {
+        self.info.read_only = true;
+    }
+
     /// Chooses how mirror reads pick a side.
     pub fn set_mirror_reads(&self, policy: MirrorReads) {
         *self.reads.lock() = ReadBalancer::new(&self.geometry, policy);

@@ -27,6 +27,9 @@ pub struct ClientConfig {
     /// in flight when it was lost fail (whether a write among them landed is unknown); the
     /// export must come back with the same size and flags.
     pub reconnect: bool,
+    /// Treat the export as read-only whatever the server offers (default off): every
+    /// write, zeroing, discard and flush is refused here, before anything is sent.
+    pub read_only: bool,
 }
 
 impl Default for ClientConfig {
@@ -35,6 +38,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
             reconnect: true,
+            read_only: false,
         }
     }
 }
@@ -501,7 +505,7 @@ impl NbdDevice {
         let (conn, ei) = open_conn(&u, &config).await?;
         // Sized below, once the block size is known.
         let mut info = DeviceInfo::new(u.to_string(), 0);
-        info.read_only = ei.flags & proto::TF_READ_ONLY != 0;
+        info.read_only = config.read_only || ei.flags & proto::TF_READ_ONLY != 0;
         info.set_discard(ei.flags & proto::TF_SEND_TRIM != 0);
         // What the server offers. FUA is done as write-then-flush where it has flush only;
         // without WRITE_ZEROES zeroes are sent as data.

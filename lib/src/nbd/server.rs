@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,9 +35,13 @@ pub struct ServerConfig {
     pub max_buffered: u32,
     /// The I/O class of every connection's requests, unless a classifier says otherwise.
     pub class: IoClass,
-    /// Time a client has to finish the handshake (default 30 s).
+    /// Time a client has to finish the handshake (default 10 s, as qemu-nbd's).
     pub handshake_timeout: Duration,
-    /// Connections served at once (default 1024); more wait to be accepted.
+    /// Connections served at once (default 1024). When every one is taken, a newcomer is
+    /// not kept waiting behind clients that say nothing: the connection that has
+    /// negotiated least (nothing received before one still negotiating; the oldest first)
+    /// is closed to make room, and counted in [`ServerCounters::evicted`]. Connections in
+    /// transmission are never closed for a newcomer: with all of them there, it waits.
     pub max_connections: usize,
     /// TCP peers that may connect (default: everyone); others are closed before
     /// negotiation and counted in [`ServerCounters::refused`].
@@ -59,7 +63,7 @@ impl Default for ServerConfig {
             max_in_flight: session.max_in_flight,
             max_buffered: u32::try_from(session.max_buffered).unwrap_or(u32::MAX),
             class: session.class,
-            handshake_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
             max_connections: 1024,
             allow: super::AllowList::default(),
             tls: TlsPolicy::Off,
@@ -90,6 +94,62 @@ pub struct ServerCounters {
     pub bytes_read: AtomicU64,
     /// Bytes written to the exports for clients.
     pub bytes_written: AtomicU64,
+    /// Connections still negotiating that were closed to make room for a newcomer (see
+    /// [`ServerConfig::max_connections`]).
+    pub evicted: AtomicU64,
+}
+
+/// How far a connection has come, for choosing which gives way when every slot is taken.
+const PHASE_SILENT: u8 = 0;
+/// Some negotiation received.
+const PHASE_NEGOTIATING: u8 = 1;
+/// In transmission: never evicted.
+const PHASE_TRANSMITTING: u8 = 2;
+
+/// One connection as the accept loop sees it.
+#[derive(Debug)]
+struct Slot {
+    /// How far it has come (`PHASE_*`), set by its task.
+    phase: AtomicU8,
+    /// Told to close (it gives way to a newcomer).
+    evict: tokio::sync::Notify,
+    /// Already told.
+    evicting: AtomicBool,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            phase: AtomicU8::new(PHASE_SILENT),
+            evict: tokio::sync::Notify::new(),
+            evicting: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The connections being served, by the order they were accepted.
+#[derive(Debug, Default)]
+struct Slots(parking_lot::Mutex<BTreeMap<u64, Arc<Slot>>>);
+
+impl Slots {
+    /// Tells the connection that has negotiated least (the oldest among equals) to close;
+    /// whether there was one.
+    fn evict_one(&self) -> bool {
+        let all = self.0.lock();
+        let victim = all
+            .values()
+            .filter(|c| !c.evicting.load(Relaxed))
+            .filter(|c| c.phase.load(Relaxed) < PHASE_TRANSMITTING)
+            .min_by_key(|c| c.phase.load(Relaxed));
+        match victim {
+            Some(c) => {
+                c.evicting.store(true, Relaxed);
+                c.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// An NBD server exporting block devices by name: the protocol as today's clients speak it
@@ -293,22 +353,41 @@ impl NbdServer {
         Fut: Future<Output = std::io::Result<S>>,
     {
         let slots = Arc::new(Semaphore::new(self.config.max_connections));
+        let conns = Arc::new(Slots::default());
         let mut stop = self.stop.subscribe();
+        let mut next_id = 0u64;
         loop {
-            let slot = tokio::select! {
-                s = Arc::clone(&slots).acquire_owned() => s,
-                _ = stop.wait_for(|&v| v) => break,
-            };
-            let Ok(slot) = slot else { break };
             let stream = tokio::select! {
                 s = accept() => s?,
                 _ = stop.wait_for(|&v| v) => break,
             };
+            let permit = match Arc::clone(&slots).try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    // Every slot is taken: a client that has said least gives way, so a
+                    // flood of silent connections cannot lock a real client out.
+                    if conns.evict_one() {
+                        self.counters.evicted.fetch_add(1, Relaxed);
+                    }
+                    let permit = tokio::select! {
+                        p = Arc::clone(&slots).acquire_owned() => p,
+                        _ = stop.wait_for(|&v| v) => break,
+                    };
+                    let Ok(p) = permit else { break };
+                    p
+                }
+            };
+            let id = next_id;
+            next_id += 1;
+            let slot = Arc::new(Slot::new());
+            conns.0.lock().insert(id, Arc::clone(&slot));
             let me = Arc::clone(&self);
+            let conns = Arc::clone(&conns);
             tokio::spawn(async move {
                 let class = me.config.class;
-                let _ = me.serve_connection(stream, class).await;
-                drop(slot);
+                let _ = me.serve_slot(stream, class, Some(&slot)).await;
+                conns.0.lock().remove(&id);
+                drop(permit);
             });
         }
         // Shutting down: wait until every connection has answered what it read and closed,
@@ -347,6 +426,20 @@ impl NbdServer {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        self.serve_slot(stream, class, None).await
+    }
+
+    /// [`serve_connection`](Self::serve_connection), in `slot` of the accept loop's (its
+    /// phase kept up to date; closed if told to give way).
+    async fn serve_slot<S>(
+        &self,
+        stream: S,
+        class: IoClass,
+        slot: Option<&Slot>,
+    ) -> Result<(), Error>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         self.counters.connections.fetch_add(1, Relaxed);
         // Without TLS credentials, TLS cannot be offered whatever the policy says.
         #[cfg(feature = "tls")]
@@ -369,6 +462,8 @@ impl NbdServer {
             seen: SessionStats::default(),
             counted: false,
             timed_out: false,
+            evicted: false,
+            slot,
         };
         let upgraded = self.drive(&mut s, stream, &mut d).await;
         #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
@@ -380,14 +475,25 @@ impl NbdServer {
                 let left = d
                     .deadline
                     .saturating_duration_since(tokio::time::Instant::now());
-                match tokio::time::timeout(left, acceptor.accept(raw)).await {
-                    Ok(Ok(stream)) => {
+                let evict = async {
+                    match slot {
+                        Some(slot) => slot.evict.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let handshake = tokio::select! {
+                    r = tokio::time::timeout(left, acceptor.accept(raw)) => Some(r),
+                    () = evict => None,
+                };
+                match handshake {
+                    None => d.evicted = true,
+                    Some(Ok(Ok(stream))) => {
                         if s.tls_established().is_ok() {
                             let _ = self.drive(&mut s, stream, &mut d).await;
                         }
                     }
-                    Ok(Err(e)) => tls_failure = Some(super::tls::handshake_failure(&e)),
-                    Err(_) => d.timed_out = true,
+                    Some(Ok(Err(e))) => tls_failure = Some(super::tls::handshake_failure(&e)),
+                    Some(Err(_)) => d.timed_out = true,
                 }
             }
             #[cfg(not(feature = "tls"))]
@@ -405,6 +511,15 @@ impl NbdServer {
         if d.timed_out {
             self.counters.protocol_errors.fetch_add(1, Relaxed);
             return Err(protocol("handshake timed out"));
+        }
+        if d.evicted {
+            tracing::info!(
+                target: "tagstripe::nbd",
+                "connection closed while negotiating: every slot was taken and a newcomer came"
+            );
+            return Err(protocol(
+                "closed while negotiating to make room for a new connection",
+            ));
         }
         if let Some(e) = s.error() {
             self.counters.protocol_errors.fetch_add(1, Relaxed);
@@ -433,7 +548,7 @@ impl NbdServer {
     /// Runs session `s` over `stream` until the connection is over (`None`), or until the
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
     /// TLS handshake.
-    async fn drive<S>(&self, s: &mut ServerSession, stream: S, d: &mut Drive) -> Option<S>
+    async fn drive<S>(&self, s: &mut ServerSession, stream: S, d: &mut Drive<'_>) -> Option<S>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -476,6 +591,9 @@ impl NbdServer {
             if !d.counted && s.transmitting() {
                 d.counted = true;
                 self.counters.transmissions.fetch_add(1, Relaxed);
+                if let Some(slot) = d.slot {
+                    slot.phase.store(PHASE_TRANSMITTING, Relaxed);
+                }
             }
             if s.is_finished() && running.is_empty() {
                 break;
@@ -488,11 +606,18 @@ impl NbdServer {
             }
             let want_read = s.wants_input() && !eof;
             let negotiating = s.negotiating();
+            let evict = async {
+                match d.slot {
+                    Some(slot) => slot.evict.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             let event = tokio::select! {
                 Some(done) = running.next(), if !running.is_empty() => Event::Done(done),
                 n = r.read_buf(s.input_buffer()), if want_read => Event::Read(n),
                 _ = stop.changed(), if !stopped => Event::Stop,
                 () = &mut deadline, if negotiating => Event::Timeout,
+                () = evict, if negotiating && !d.evicted => Event::Evict,
             };
             match event {
                 Event::Done((id, res)) => s.complete(id, res),
@@ -501,6 +626,11 @@ impl NbdServer {
                     s.end_of_input();
                 }
                 Event::Read(Ok(_)) => {
+                    if let Some(slot) = d.slot {
+                        if negotiating {
+                            slot.phase.fetch_max(PHASE_NEGOTIATING, Relaxed);
+                        }
+                    }
                     if let Err(e) = s.process() {
                         tracing::warn!(target: "tagstripe::nbd", error = %e, "closing the connection");
                     }
@@ -509,6 +639,10 @@ impl NbdServer {
                 Event::Stop => {}
                 Event::Timeout => {
                     d.timed_out = true;
+                    s.stop();
+                }
+                Event::Evict => {
+                    d.evicted = true;
                     s.stop();
                 }
             }
@@ -556,7 +690,7 @@ fn grow_send_buffer<S: std::os::fd::AsRawFd>(s: &S) {
 }
 
 /// What one connection's drive keeps across a TLS upgrade.
-struct Drive {
+struct Drive<'a> {
     /// The end of the time allowed for negotiation (TLS handshake included).
     deadline: tokio::time::Instant,
     /// The session's counts already added to the server's counters.
@@ -564,6 +698,10 @@ struct Drive {
     /// The connection was counted as having reached transmission.
     counted: bool,
     timed_out: bool,
+    /// Closed to make room for a newcomer.
+    evicted: bool,
+    /// Its place among the accept loop's connections (none for one served directly).
+    slot: Option<&'a Slot>,
 }
 
 /// An op's id and outcome.
@@ -574,6 +712,7 @@ enum Event {
     Read(std::io::Result<usize>),
     Stop,
     Timeout,
+    Evict,
 }
 
 /// The most a `CACHE` request prefetches; the rest of a larger range is a hint ignored.

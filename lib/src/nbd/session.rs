@@ -1412,12 +1412,10 @@ impl ServerSession {
         };
         let info = e.device.info();
         let has_payload = flags & proto::CMD_FLAG_PAYLOAD_LEN != 0;
+        // A payload over the agreed maximum is read and dropped and the request refused
+        // (EINVAL, below), as nbdkit does: the spec lets a server disconnect instead, but a
+        // client that sent one too large keeps its connection and its other requests.
         let max = u64::from(self.config.max_request);
-        if has_payload && self.strict && length > max {
-            return Err(SessionError::Protocol(format!(
-                "a payload of {length} bytes, over the agreed maximum of {max}"
-            )));
-        }
         let refuse_after_payload = |s: &mut Self, error: u32, msg: &str| {
             if has_payload && length > 0 {
                 s.payload = Some(Payload::Skip {

@@ -4,7 +4,7 @@
 //! best-effort class. Prints the copy rate, and the client's IOPS and p99 latency (and the
 //! same client's for two seconds on the mirror in sync, for comparison).
 //!
-//! `cargo run --release -p tagstripe-benches --bin resync-rate [DIR] [MIB]` (default: the
+//! `cargo run --release -p tagstripe-benches --example resync-rate [DIR] [MIB]` (default: the
 //! temporary directory, 1024 MiB).
 
 use std::sync::Arc;
