@@ -1066,3 +1066,16 @@ mod tests {
         );
     }
 }
+
+/// Runs every piece of a request to the end, then reports the first error. Never returns
+/// while a piece is still running: a piece abandoned at the first error could still land
+/// after a later request (a discard zeroing a newer write), which would break ordering.
+pub(crate) async fn all<T, F>(pieces: impl IntoIterator<Item = F>) -> Result<Vec<T>>
+where
+    F: Future<Output = Result<T>>,
+{
+    futures_util::future::join_all(pieces)
+        .await
+        .into_iter()
+        .collect()
+}

@@ -50,13 +50,11 @@ mod backend;
 mod device;
 mod error;
 mod layers;
-mod metadata;
 mod model;
 #[cfg(feature = "nbd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;
 mod open;
-mod resync;
 mod stats;
 mod volume;
 
@@ -72,10 +70,10 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use layers::{Queue, QueueHandle, Split, Striped};
-pub use metadata::component_metadata;
+pub use layers::mirror::metadata::component_metadata;
 pub use model::{ByteModel, Check};
 pub use open::{OpenOptions, open};
-pub use resync::{MirrorEvent, SideStatus};
+pub use layers::mirror::resync::{MirrorEvent, SideStatus};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};
 

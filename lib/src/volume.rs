@@ -70,7 +70,7 @@ pub struct VolumeBuilder {
     assume_clean: bool,
     read_only: bool,
     bitmap_delay: std::time::Duration,
-    events: Option<crate::resync::EventSink>,
+    events: Option<crate::layers::mirror::resync::EventSink>,
 }
 
 /// A wrapper a volume puts around each of its components (tower's `Layer`, for block
@@ -159,7 +159,7 @@ impl VolumeBuilder {
         let delay = self.bitmap_delay;
         let vol = self.assemble()?;
         if metadata {
-            let plan = crate::metadata::open(&vol.striped, assume_clean, delay).await?;
+            let plan = crate::layers::mirror::metadata::open(&vol.striped, assume_clean, delay).await?;
             // A read-only volume plans nothing: it serves from the sides in sync.
             if !plan.targets.is_empty() {
                 vol.start_resync(plan.targets);
@@ -255,7 +255,7 @@ impl VolumeBuilder {
     /// ```
     #[must_use]
     pub fn on_event(mut self, f: impl Fn(&crate::MirrorEvent) + Send + Sync + 'static) -> Self {
-        self.events = Some(crate::resync::EventSink(Arc::new(f)));
+        self.events = Some(crate::layers::mirror::resync::EventSink(Arc::new(f)));
         self
     }
 
@@ -434,7 +434,7 @@ impl VolumeBuilder {
             .enumerate()
             .map(|(i, c)| {
                 let c = if replaceable {
-                    let slot = Arc::new(crate::layers::Slot::new(c));
+                    let slot = Arc::new(crate::layers::mirror::Slot::new(c));
                     slots.push(Arc::clone(&slot));
                     slot as Arc<dyn DynBlockDevice>
                 } else {
@@ -558,7 +558,7 @@ pub struct Volume {
     /// later open goes on).
     resync_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Each component's slot (a mirror with metadata; empty otherwise).
-    slots: Vec<Arc<crate::layers::Slot>>,
+    slots: Vec<Arc<crate::layers::mirror::Slot>>,
 }
 
 impl Drop for Volume {
@@ -763,7 +763,7 @@ impl Volume {
         if !self
             .striped
             .keeper()
-            .is_some_and(crate::metadata::Keeper::has_bitmap)
+            .is_some_and(crate::layers::mirror::metadata::Keeper::has_bitmap)
         {
             return refuse("only a mirror with metadata (VolumeBuilder::metadata) can resync");
         }
@@ -922,8 +922,8 @@ impl Volume {
         let tx = self.resyncing.clone();
         tx.send_replace(true);
         let task = tokio::spawn(async move {
-            if let Err(e) = crate::resync::run(&s, &targets, &clients).await {
-                crate::resync::abandon(&s, &targets, &e).await;
+            if let Err(e) = crate::layers::mirror::resync::run(&s, &targets, &clients).await {
+                crate::layers::mirror::resync::abandon(&s, &targets, &e).await;
             }
             tx.send_replace(false);
         });

@@ -738,7 +738,7 @@ impl BlockDevice for UringDevice {
                 at += c.iter().map(|p| p.len() as u64).sum::<u64>() / 512;
                 self.writev(here, c.to_vec())
             });
-            crate::layers::all(writes).await?;
+            crate::device::all(writes).await?;
         }
         if opts.fua {
             self.fsync("write", start, sectors).await?;

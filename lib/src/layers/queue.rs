@@ -685,7 +685,7 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
                 .chunks_mut(piece as usize * 512)
                 .enumerate()
                 .map(|(i, part)| self.read_piece(start + i as u64 * piece, part, opts));
-            super::all(reads).await?;
+            crate::device::all(reads).await?;
             return Ok(());
         }
         self.read_piece(start, buf, opts).await
@@ -762,7 +762,7 @@ impl<D: BlockDevice> Queue<D> {
                 let part = crate::device::slice_parts(&parts, off, step.min(len - off));
                 self.write_piece(start + off as u64 / 512, part, opts)
             });
-            super::all(writes).await?;
+            crate::device::all(writes).await?;
             return Ok(());
         }
         self.write_piece(start, parts, opts).await

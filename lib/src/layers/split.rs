@@ -82,7 +82,7 @@ impl<D: BlockDevice> Split<D> {
             let part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
             self.dev.write_vectored(p.start, part, opts.fua(fua))
         });
-        super::all(writes).await?;
+        crate::device::all(writes).await?;
         if durable && !fua {
             self.dev.flush(opts.fua(false)).await?;
         }
@@ -122,7 +122,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
             rest = tail;
             reads.push(self.dev.read_into(p.start, part, opts));
         }
-        super::all(reads).await?;
+        crate::device::all(reads).await?;
         Ok(())
     }
 
@@ -155,7 +155,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
         self.info.check_discard(start, sectors)?;
         let pieces = self.splitter.split(Op::Discard, start, sectors)?;
-        super::all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
+        crate::device::all(pieces.map(|p| self.dev.discard(p.start, p.sectors, opts))).await?;
         Ok(())
     }
 

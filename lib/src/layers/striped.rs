@@ -50,9 +50,9 @@ pub struct Striped {
     dropping: Mutex<()>,
     /// The on-disk metadata, when the volume keeps it: a dropped side is recorded there
     /// before the write that dropped it is acknowledged.
-    keeper: std::sync::OnceLock<crate::metadata::Keeper>,
+    keeper: std::sync::OnceLock<crate::layers::mirror::metadata::Keeper>,
     /// Where the volume's mirror events go (drops, resyncs), if anyone listens.
-    events: std::sync::OnceLock<crate::resync::EventSink>,
+    events: std::sync::OnceLock<crate::layers::mirror::resync::EventSink>,
 }
 
 fn side_code(s: Side) -> u8 {
@@ -244,7 +244,7 @@ impl Striped {
     }
 
     /// Where mirror events go from now on (once).
-    pub(crate) fn set_events(&self, sink: crate::resync::EventSink) {
+    pub(crate) fn set_events(&self, sink: crate::layers::mirror::resync::EventSink) {
         let _ = self.events.set(sink);
     }
 
@@ -255,12 +255,12 @@ impl Striped {
     }
 
     /// The metadata keeper, if the volume keeps metadata.
-    pub(crate) fn keeper(&self) -> Option<&crate::metadata::Keeper> {
+    pub(crate) fn keeper(&self) -> Option<&crate::layers::mirror::metadata::Keeper> {
         self.keeper.get()
     }
 
     /// Keeps the volume's metadata from now on.
-    pub(crate) fn keep(&self, k: crate::metadata::Keeper) {
+    pub(crate) fn keep(&self, k: crate::layers::mirror::metadata::Keeper) {
         let _ = self.keeper.set(k);
     }
 
@@ -341,7 +341,7 @@ impl Striped {
 
     /// With a write-intent bitmap: the pieces' regions marked durably before they are
     /// written (the guard holds them as in flight until dropped).
-    async fn intent(&self, pieces: &[Piece]) -> Result<Option<crate::metadata::WriteGuard<'_>>> {
+    async fn intent(&self, pieces: &[Piece]) -> Result<Option<crate::layers::mirror::metadata::WriteGuard<'_>>> {
         match self.keeper.get() {
             Some(k) if k.has_bitmap() => Ok(Some(k.begin_write(self, pieces).await?)),
             _ => Ok(None),
@@ -385,7 +385,7 @@ impl Striped {
                 })
                 .await
             });
-        super::all(writes).await?;
+        crate::device::all(writes).await?;
         Ok(())
     }
 
@@ -473,7 +473,7 @@ impl Striped {
                 .collect();
             runs.push((run, parts));
         }
-        super::all(
+        crate::device::all(
             runs.into_iter()
                 .map(|(run, parts)| self.read_run_into(run, parts, opts)),
         )
@@ -600,7 +600,7 @@ impl BlockDevice for Striped {
         let sweep = self
             .keeper
             .get()
-            .and_then(crate::metadata::Keeper::flush_mark);
+            .and_then(crate::layers::mirror::metadata::Keeper::flush_mark);
         // A side dropped from the mirror holds nothing the volume still needs.
         let flushes = self
             .components
@@ -608,7 +608,7 @@ impl BlockDevice for Striped {
             .enumerate()
             .filter(|&(i, _)| !self.is_failed(i))
             .map(|(i, c)| async move { c.flush(opts).await.map_err(|e| component(i, None, e)) });
-        super::all(flushes).await?;
+        crate::device::all(flushes).await?;
         if let (Some(k), Some((epoch, chunks))) = (self.keeper.get(), sweep) {
             k.sweep(self, epoch, &chunks, true).await;
         }
@@ -632,7 +632,7 @@ impl BlockDevice for Striped {
                     .await
             })
         });
-        super::all(zeroes).await?;
+        crate::device::all(zeroes).await?;
         Ok(())
     }
 
@@ -645,7 +645,7 @@ impl BlockDevice for Striped {
                 self.components[c].discard(p.cblk, p.count, opts).await
             })
         });
-        super::all(discards).await?;
+        crate::device::all(discards).await?;
         Ok(())
     }
 
@@ -667,7 +667,7 @@ impl BlockDevice for Striped {
             }
         });
         let mut out = Vec::new();
-        for extents in super::all(asks).await? {
+        for extents in crate::device::all(asks).await? {
             for e in extents {
                 crate::device::push_extent(&mut out, e);
             }

@@ -873,7 +873,7 @@ impl BlockDevice for NbdDevice {
 
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let parts = crate::layers::all(self.chunks(start, sectors).map(|(s, n)| async move {
+        let parts = crate::device::all(self.chunks(start, sectors).map(|(s, n)| async move {
             Ok(self.call("read", Command::Read, 0, s, n, None).await?.0)
         }))
         .await?;
@@ -888,7 +888,7 @@ impl BlockDevice for NbdDevice {
         } else {
             0
         };
-        crate::layers::all(self.chunks(start, sectors).map(|(s, n)| {
+        crate::device::all(self.chunks(start, sectors).map(|(s, n)| {
             let off = ((s - start) * 512) as usize;
             let part = data.slice(off..off + n as usize * 512);
             self.call("write", Command::Write, flags, s, n, Some(part))

@@ -8,7 +8,7 @@ use tagstripe_scheduler::IoClass;
 use tagstripe_striping::superblock::Side;
 
 use crate::layers::Striped;
-use crate::metadata::{SHARDS, area};
+use crate::layers::mirror::metadata::{SHARDS, area};
 use crate::{BlockDevice, Error, IoOpts, Result};
 
 /// Sectors a copy moves at most at once: 1 MiB while the volume has no other I/O, 256 KiB
