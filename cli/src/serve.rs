@@ -4,8 +4,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use tagstripe::nbd::session::ExportEntry;
-use tagstripe::nbd::{NbdServer, ServerConfig, TlsPolicy};
+use tagstripe::nbd::{Export, NbdServer, ServerConfig, TlsPolicy};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::IoClass;
 use tagstripe::striping::Flavor;
@@ -380,12 +379,17 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         None => say!("one component, exported directly: {}", info.name),
     }
     let entry = |name: &str, class: Option<IoClass>| {
-        let mut e = ExportEntry::new(name, Arc::clone(&device));
-        e.description = "a tagstripe volume".to_owned();
-        e.read_only |= args.read_only;
-        e.volume = volume.clone();
-        e.class = class;
-        e
+        let e = match &volume {
+            Some(v) => Export::volume(name, Arc::clone(v)),
+            None => Export::device(name, Arc::clone(&device)),
+        };
+        let e = e
+            .description("a tagstripe volume")
+            .read_only(args.read_only);
+        match class {
+            Some(c) => e.class(c),
+            None => e,
+        }
     };
     let mut server = NbdServer::new(config).export_entry(entry(&args.export, None));
     for (name, class) in &args.class_export {

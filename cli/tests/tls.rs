@@ -9,7 +9,7 @@
 use std::io::{Read, Write};
 use std::process::Command;
 
-use tagstripe::nbd::proto;
+use tagstripe_nbd_proto::proto;
 
 #[path = "../../lib/tests/common/peers.rs"]
 mod peers;

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::client_session::{ClientHandshake, Expect, ReplyDecoder, Status};
+use tagstripe_nbd_proto::client_session::{ClientHandshake, Expect, ReplyDecoder, Status};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, data)) = data.split_first() else {

@@ -7,8 +7,26 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::session::{Catalog, ExportEntry, ServerSession, SessionConfig};
-use tagstripe::{DynBlockDevice, MemDevice, Volume};
+use tagstripe_nbd_proto::session::{
+    Catalog, ComponentLayout, ExportCaps, ExportEntry, ServerSession, SessionConfig,
+};
+
+/// Two components striped 16 sectors at a time, for the `tagstripe:component` context.
+#[derive(Debug)]
+struct Stripe2;
+
+impl ComponentLayout for Stripe2 {
+    fn component_map(&self, start: u64, sectors: u64) -> Option<Vec<(u64, usize, Option<usize>)>> {
+        let mut out = Vec::new();
+        let (mut at, end) = (start, start.checked_add(sectors)?);
+        while at < end {
+            let run = (16 - at % 16).min(end - at);
+            out.push((run, ((at / 16) % 2) as usize, None));
+            at += run;
+        }
+        Some(out)
+    }
+}
 
 #[path = "common/ops.rs"]
 mod ops;
@@ -18,14 +36,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let size = 2048u64 * 512;
-    let a: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("a", 1024));
-    let b: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("b", 1024));
-    let vol = Arc::new(Volume::builder([a, b]).interleave(16).no_offset(true).build().unwrap());
-    let mut e = ExportEntry::new("x", Arc::clone(&vol) as Arc<dyn DynBlockDevice>);
-    e.volume = Some(vol);
+    let mut e = ExportEntry::new("x", size);
+    e.caps = ExportCaps { flush: true, fua: true, trim: true, rotational: false };
+    e.layout = Some(Arc::new(Stripe2));
     let ro = ExportEntry {
         read_only: true,
-        ..ExportEntry::new("ro", Arc::new(MemDevice::new("r", 64)))
+        ..ExportEntry::new("ro", 64 * 512)
     };
     let catalog = Arc::new(Catalog::new().with(e).with(ro));
     let config = SessionConfig {

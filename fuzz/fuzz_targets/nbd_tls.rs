@@ -8,9 +8,8 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::proto::{self, OptionReply};
-use tagstripe::nbd::session::{Catalog, ExportEntry, ServerSession, SessionConfig, TlsPolicy};
-use tagstripe::MemDevice;
+use tagstripe_nbd_proto::proto::{self, OptionReply};
+use tagstripe_nbd_proto::session::{Catalog, ExportEntry, ServerSession, SessionConfig, TlsPolicy};
 
 #[path = "common/ops.rs"]
 mod ops;
@@ -35,7 +34,7 @@ fn check_clear(out: &[u8]) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let catalog = Arc::new(Catalog::new().with(ExportEntry::new("secret", Arc::new(MemDevice::new("m", 64)))));
+    let catalog = Arc::new(Catalog::new().with(ExportEntry::new("secret", 64 * 512)));
     let config = SessionConfig {
         max_request: 64 << 10,
         max_buffered: 256 << 10,

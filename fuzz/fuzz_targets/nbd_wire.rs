@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tagstripe::nbd::proto::{
+use tagstripe_nbd_proto::proto::{
     Chunk, ChunkHeader, ExportInfo, ExportNameReply, ExtendedRequest, Hello, InfoRequest,
     MetaContextRequest, OptionHeader, OptionReply, Request, SimpleReply, meta_context,
     parse_meta_context, parse_server_entry, server_entry,

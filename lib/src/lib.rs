@@ -69,11 +69,11 @@ pub use device::{
     BlockDevice, BoxFuture, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Zeroes, Zeroing,
 };
 pub use error::{Error, Result};
-pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use layers::mirror::metadata::component_metadata;
+pub use layers::mirror::resync::{MirrorEvent, SideStatus};
+pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use model::{ByteModel, Check};
 pub use open::{OpenOptions, open};
-pub use layers::mirror::resync::{MirrorEvent, SideStatus};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};
 

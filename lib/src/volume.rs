@@ -159,7 +159,8 @@ impl VolumeBuilder {
         let delay = self.bitmap_delay;
         let vol = self.assemble()?;
         if metadata {
-            let plan = crate::layers::mirror::metadata::open(&vol.striped, assume_clean, delay).await?;
+            let plan =
+                crate::layers::mirror::metadata::open(&vol.striped, assume_clean, delay).await?;
             // A read-only volume plans nothing: it serves from the sides in sync.
             if !plan.targets.is_empty() {
                 vol.start_resync(plan.targets);

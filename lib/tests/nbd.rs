@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tagstripe::nbd::{ClientConfig, NbdDevice, NbdServer, ServerConfig, proto};
+use tagstripe::nbd::{ClientConfig, NbdDevice, NbdServer, ServerConfig};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::{BlockDevice, DynBlockDevice, Error, IoOpts, MemDevice, Volume};
+use tagstripe_nbd_proto::proto;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig, TlsPolicy, proto, tls};
+use tagstripe::nbd::{NbdDevice, NbdServer, ServerConfig, TlsPolicy, tls};
 use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MemDevice};
+use tagstripe_nbd_proto::proto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

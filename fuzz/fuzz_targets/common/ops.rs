@@ -3,8 +3,7 @@
 //! `fail_every`-th op fails with EIO. Whether any op ran.
 
 use bytes::Bytes;
-use tagstripe::nbd::session::{OpKind, Outcome, ServerSession};
-use tagstripe::Extent;
+use tagstripe_nbd_proto::session::{Extent, OpKind, Outcome, ServerSession};
 
 pub fn run_ops(s: &mut ServerSession, n: &mut u64, fail_every: u64, size: u64) -> bool {
     let mut ran = false;
@@ -17,7 +16,11 @@ pub fn run_ops(s: &mut ServerSession, n: &mut u64, fail_every: u64, size: u64) -
         } else {
             Ok(match op.kind {
                 OpKind::Read => Outcome::Data(Bytes::from(vec![(*n % 3) as u8; op.length as usize])),
-                OpKind::Allocation => Outcome::Extents(vec![Extent::data(op.length.div_ceil(512))]),
+                OpKind::Allocation => Outcome::Extents(vec![Extent {
+                    sectors: op.length.div_ceil(512),
+                    hole: false,
+                    zero: false,
+                }]),
                 OpKind::Write(ref d) => {
                     assert_eq!(d.len() as u64, op.length);
                     Outcome::Done

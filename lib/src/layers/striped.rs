@@ -341,7 +341,10 @@ impl Striped {
 
     /// With a write-intent bitmap: the pieces' regions marked durably before they are
     /// written (the guard holds them as in flight until dropped).
-    async fn intent(&self, pieces: &[Piece]) -> Result<Option<crate::layers::mirror::metadata::WriteGuard<'_>>> {
+    async fn intent(
+        &self,
+        pieces: &[Piece],
+    ) -> Result<Option<crate::layers::mirror::metadata::WriteGuard<'_>>> {
         match self.keeper.get() {
             Some(k) if k.has_bitmap() => Ok(Some(k.begin_write(self, pieces).await?)),
             _ => Ok(None),

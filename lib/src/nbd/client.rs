@@ -12,9 +12,9 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::client_session::{ClientHandshake, Expect, ReplyDecoder, Status};
-use super::proto::{self, Command, ExportInfo, Request};
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
+use tagstripe_nbd_proto::client_session::{ClientHandshake, Expect, ReplyDecoder, Status};
+use tagstripe_nbd_proto::proto::{self, Command, ExportInfo, Request};
 
 /// How the client connects and waits.
 #[derive(Clone, Debug)]

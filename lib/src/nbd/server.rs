@@ -14,12 +14,134 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
-use super::proto::errno;
-use super::session::{
-    Catalog, ExportEntry, Failure, Op, OpKind, Outcome, ServerSession, SessionConfig, SessionStats,
-    TlsPolicy,
-};
 use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Volume, Zeroes};
+use tagstripe_nbd_proto::proto::errno;
+use tagstripe_nbd_proto::session::{
+    BlockLimits, Catalog, ComponentLayout, ExportCaps, ExportEntry, Failure, Op, OpKind, Outcome,
+    ServerSession, SessionConfig, SessionStats, TlsPolicy,
+};
+
+/// One export of a server: a device (or a volume) under a name, how it is offered, and the
+/// I/O class of its requests. Build it, then hand it to [`NbdServer::export_entry`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use tagstripe::nbd::{Export, NbdServer, ServerConfig};
+/// use tagstripe::scheduler::IoClass;
+/// use tagstripe::{MemDevice, Volume};
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let vol = Arc::new(Volume::builder((0..2).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 4096)))).build()?);
+/// let server = NbdServer::new(ServerConfig::default())
+///     .export_entry(Export::volume("vm", Arc::clone(&vol)).description("a VM's disk"))
+///     .export_entry(Export::volume("backup", vol).class(IoClass::Bulk).read_only(true));
+/// # let _ = server;
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct Export {
+    name: String,
+    device: Arc<dyn DynBlockDevice>,
+    volume: Option<Arc<Volume>>,
+    description: String,
+    read_only: bool,
+    class: Option<IoClass>,
+}
+
+impl Export {
+    /// `device` exported as `name`, writable unless the device is read-only.
+    #[must_use]
+    pub fn device(name: &str, device: Arc<dyn DynBlockDevice>) -> Self {
+        Self {
+            name: name.to_owned(),
+            read_only: device.info().read_only,
+            device,
+            volume: None,
+            description: String::new(),
+            class: None,
+        }
+    }
+
+    /// A volume exported as `name`: as [`device`](Self::device), and clients may also select
+    /// the `tagstripe:component` metadata context to see which component holds each extent.
+    #[must_use]
+    pub fn volume(name: &str, volume: Arc<Volume>) -> Self {
+        let mut e = Self::device(name, Arc::clone(&volume) as Arc<dyn DynBlockDevice>);
+        e.volume = Some(volume);
+        e
+    }
+
+    /// A description for clients (`NBD_INFO_DESCRIPTION`; `nbdinfo` shows it).
+    #[must_use]
+    pub fn description(mut self, text: &str) -> Self {
+        text.clone_into(&mut self.description);
+        self
+    }
+
+    /// Refuse writes, zeroing and discards (a read-only device is refused them anyway).
+    #[must_use]
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on || self.device.info().read_only;
+        self
+    }
+
+    /// The I/O class of this export's requests, instead of the server's
+    /// ([`ServerConfig::class`]): a backup job's export of a volume in the `bulk` class.
+    #[must_use]
+    pub fn class(mut self, class: IoClass) -> Self {
+        self.class = Some(class);
+        self
+    }
+
+    /// The export's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the protocol's session is told of it.
+    fn entry(&self) -> ExportEntry {
+        let info = self.device.info();
+        let caps = self.device.caps();
+        let mut e = ExportEntry::new(&self.name, info.bytes());
+        e.limits = BlockLimits {
+            logical_block_size: info.limits.logical_block_size,
+            physical_block_size: info.limits.physical_block_size,
+            io_opt: info.limits.io_opt,
+        };
+        e.caps = ExportCaps {
+            flush: caps.flush,
+            fua: caps.fua,
+            trim: caps.trim,
+            rotational: caps.rotational,
+        };
+        e.description.clone_from(&self.description);
+        e.read_only = self.read_only;
+        e.layout = self
+            .volume
+            .clone()
+            .map(|v| Arc::new(Layout(v)) as Arc<dyn ComponentLayout>);
+        e
+    }
+}
+
+/// A volume's layout as the protocol's session asks for it.
+#[derive(Debug)]
+struct Layout(Arc<Volume>);
+
+impl ComponentLayout for Layout {
+    fn component_map(&self, start: u64, sectors: u64) -> Option<Vec<(u64, usize, Option<usize>)>> {
+        self.0.component_map(start, sectors).ok()
+    }
+}
+
+/// An export as the server runs it: the device, the class, and the lock that keeps a
+/// read-modify-write of an unaligned write apart from every other write to it.
+#[derive(Debug)]
+struct Served {
+    export: Export,
+    rmw: tokio::sync::RwLock<()>,
+}
 
 /// How the server treats its clients.
 #[derive(Clone, Debug)]
@@ -33,7 +155,8 @@ pub struct ServerConfig {
     /// Bytes of request and reply data held per connection (default 128 MiB): with
     /// `max_in_flight`, what bounds a connection's memory.
     pub max_buffered: u32,
-    /// The I/O class of every connection's requests, unless a classifier says otherwise.
+    /// The I/O class of every connection's requests, unless its export names one
+    /// ([`Export::class`]).
     pub class: IoClass,
     /// Time a client has to finish the handshake (default 10 s, as qemu-nbd's).
     pub handshake_timeout: Duration,
@@ -62,7 +185,7 @@ impl Default for ServerConfig {
             max_request: session.max_request,
             max_in_flight: session.max_in_flight,
             max_buffered: u32::try_from(session.max_buffered).unwrap_or(u32::MAX),
-            class: session.class,
+            class: IoClass::BestEffort,
             handshake_timeout: Duration::from_secs(10),
             max_connections: 1024,
             allow: super::AllowList::default(),
@@ -185,8 +308,8 @@ impl Slots {
 #[derive(Debug)]
 pub struct NbdServer {
     catalog: Arc<Catalog>,
-    /// Per export: read-modify-write of unaligned writes excludes every other write to it.
-    rmw: BTreeMap<String, Arc<tokio::sync::RwLock<()>>>,
+    /// Each export's device, class and read-modify-write lock, by name.
+    served: BTreeMap<String, Arc<Served>>,
     config: ServerConfig,
     counters: ServerCounters,
     /// Set by [`NbdServer::shutdown`]; watched by the accept loop and every connection.
@@ -205,7 +328,7 @@ impl NbdServer {
         config.max_buffered = config.max_buffered.max(config.max_request);
         Self {
             catalog: Arc::new(Catalog::new()),
-            rmw: BTreeMap::new(),
+            served: BTreeMap::new(),
             config,
             counters: ServerCounters::default(),
             stop: tokio::sync::watch::channel(false).0,
@@ -248,7 +371,7 @@ impl NbdServer {
     /// name).
     #[must_use]
     pub fn export(self, name: &str, device: Arc<dyn DynBlockDevice>) -> Self {
-        self.export_with(name, device, "", false)
+        self.export_entry(Export::device(name, device))
     }
 
     /// Exports `device` as `name` with a description, read-only if asked (or if the
@@ -261,10 +384,11 @@ impl NbdServer {
         description: &str,
         read_only: bool,
     ) -> Self {
-        let mut e = ExportEntry::new(name, device);
-        e.description = description.to_owned();
-        e.read_only |= read_only;
-        self.export_entry(e)
+        self.export_entry(
+            Export::device(name, device)
+                .description(description)
+                .read_only(read_only),
+        )
     }
 
     /// Exports a volume as `name`: as [`export_with`](Self::export_with), and clients may
@@ -278,19 +402,25 @@ impl NbdServer {
         description: &str,
         read_only: bool,
     ) -> Self {
-        let mut e = ExportEntry::new(name, Arc::clone(&volume) as Arc<dyn DynBlockDevice>);
-        e.description = description.to_owned();
-        e.read_only |= read_only;
-        e.volume = Some(volume);
-        self.export_entry(e)
+        self.export_entry(
+            Export::volume(name, volume)
+                .description(description)
+                .read_only(read_only),
+        )
     }
 
     /// Adds an export described in full (its own I/O class, say: a backup job's export of
-    /// the same volume in the `bulk` class).
+    /// the same volume in the `bulk` class). One of the same name is replaced.
     #[must_use]
-    pub fn export_entry(mut self, e: ExportEntry) -> Self {
-        self.rmw.insert(e.name.clone(), Arc::default());
-        Arc::make_mut(&mut self.catalog).insert(e);
+    pub fn export_entry(mut self, e: Export) -> Self {
+        Arc::make_mut(&mut self.catalog).insert(e.entry());
+        self.served.insert(
+            e.name.clone(),
+            Arc::new(Served {
+                export: e,
+                rmw: tokio::sync::RwLock::new(()),
+            }),
+        );
         self
     }
 
@@ -401,10 +531,9 @@ impl NbdServer {
     /// the export, after trying them all.
     async fn flush_exports(&self) -> std::io::Result<()> {
         let mut first = None;
-        for e in self.catalog.iter() {
-            let name = &e.name;
-            if !e.read_only {
-                if let Err(err) = e.device.flush(IoOpts::new()).await {
+        for (name, e) in &self.served {
+            if !e.export.read_only {
+                if let Err(err) = e.export.device.flush(IoOpts::new()).await {
                     first.get_or_insert_with(|| {
                         std::io::Error::other(format!(
                             "flush of export {name:?} at shutdown: {err}"
@@ -453,7 +582,6 @@ impl NbdServer {
             max_request: self.config.max_request,
             max_in_flight: self.config.max_in_flight,
             max_buffered: self.config.max_buffered.into(),
-            class,
             tls,
         };
         let mut s = ServerSession::new(Arc::clone(&self.catalog), config);
@@ -464,6 +592,7 @@ impl NbdServer {
             timed_out: false,
             evicted: false,
             slot,
+            class,
         };
         let upgraded = self.drive(&mut s, stream, &mut d).await;
         #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
@@ -560,6 +689,8 @@ impl NbdServer {
         let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = Done> + Send + '_>>> =
             FuturesUnordered::new();
         let (mut eof, mut broken, mut stopped) = (false, false, false);
+        let mut export: Option<Arc<Served>> = None;
+        let class = d.class;
         loop {
             // The counters follow the session as it goes.
             self.count(s.stats(), d);
@@ -584,8 +715,12 @@ impl NbdServer {
                 return Some(r.unsplit(w.into_inner()));
             }
             while let Some(op) = s.poll_op() {
-                if let Some(e) = s.export() {
-                    running.push(Box::pin(self.run(Arc::clone(e), op)));
+                // The export cannot change once ops flow: looked up once per connection.
+                if export.is_none() {
+                    export = s.export().and_then(|e| self.served.get(&e.name)).cloned();
+                }
+                if let Some(e) = &export {
+                    running.push(Box::pin(self.run(Arc::clone(e), class, op)));
                 }
             }
             if !d.counted && s.transmitting() {
@@ -652,9 +787,9 @@ impl NbdServer {
         None
     }
 
-    /// Runs one op on export `e`.
-    async fn run(&self, e: Arc<ExportEntry>, op: Op) -> Done {
-        let rmw = self.rmw.get(&e.name).cloned().unwrap_or_default();
+    /// Runs one op on export `e`, in its class or else the connection's `class`.
+    async fn run(&self, e: Arc<Served>, class: IoClass, op: Op) -> Done {
+        let class = e.export.class.unwrap_or(class);
         let max = u64::from(self.config.max_request);
         let (id, len) = (op.id, op.length);
         let counter = match op.kind {
@@ -662,7 +797,7 @@ impl NbdServer {
             OpKind::Write(_) => Some(&self.counters.bytes_written),
             _ => None,
         };
-        let res = run_op(&e, &rmw, max, op).await;
+        let res = run_op(&e, class, max, op).await;
         if let (Some(c), Ok(_)) = (counter, &res) {
             c.fetch_add(len, Relaxed);
         }
@@ -702,6 +837,8 @@ struct Drive<'a> {
     evicted: bool,
     /// Its place among the accept loop's connections (none for one served directly).
     slot: Option<&'a Slot>,
+    /// The class of its requests on exports that name none.
+    class: IoClass,
 }
 
 /// An op's id and outcome.
@@ -721,15 +858,11 @@ const CACHE_MAX: u64 = 128 << 20;
 /// Runs one op against the export's device. Offsets and lengths are bytes; with no block
 /// sizes agreed (`!op.strict`) they may be unaligned, and are served by read-modify-write
 /// (writes, and zeroing at the edges) with every other write to the export held off.
-async fn run_op(
-    e: &ExportEntry,
-    rmw: &tokio::sync::RwLock<()>,
-    max: u64,
-    op: Op,
-) -> Result<Outcome, Failure> {
-    let dev = &e.device;
+async fn run_op(e: &Served, class: IoClass, max: u64, op: Op) -> Result<Outcome, Failure> {
+    let rmw = &e.rmw;
+    let dev = &e.export.device;
     let lbs = u64::from(dev.info().limits.logical_block_size.max(512));
-    let opts = IoOpts::new().class(op.class).fua(op.fua);
+    let opts = IoOpts::new().class(class).fua(op.fua);
     let fail = |err: Error| -> Failure {
         let msg = err.to_string();
         (to_errno(err), msg)
@@ -771,7 +904,7 @@ async fn run_op(
                 .map_err(fail)?;
             Ok(Outcome::Done)
         }
-        OpKind::Flush if e.read_only => Ok(Outcome::Done),
+        OpKind::Flush if e.export.read_only => Ok(Outcome::Done),
         OpKind::Flush => dev.flush(opts).await.map(|()| Outcome::Done).map_err(fail),
         OpKind::Trim => {
             // Advisory: only the whole blocks inside the range.
@@ -848,7 +981,17 @@ async fn run_op(
         OpKind::Allocation => dev
             .allocation(off / 512, len / 512)
             .await
-            .map(Outcome::Extents)
+            .map(|v| {
+                Outcome::Extents(
+                    v.into_iter()
+                        .map(|x| tagstripe_nbd_proto::session::Extent {
+                            sectors: x.sectors,
+                            hole: x.hole,
+                            zero: x.zero,
+                        })
+                        .collect(),
+                )
+            })
             .map_err(fail),
     }
 }

@@ -2,8 +2,8 @@
 //! (sans-IO, in the manner of quinn-proto and rustls): it is fed the bytes the client sent,
 //! and yields the bytes to send back and the requests ([`Op`]s) to run; the caller runs each
 //! op against the export's device and hands the outcome back with
-//! [`ServerSession::complete`]. The tokio glue ([`super::NbdServer`]) is a thin loop around
-//! it; tests and the fuzz target drive it directly.
+//! [`ServerSession::complete`]. A server's runtime glue (the `tagstripe` library's
+//! `NbdServer`) is a thin loop around it; tests and the fuzz target drive it directly.
 //!
 //! It speaks fixed-newstyle negotiation (`EXPORT_NAME`, `INFO`, `GO`, `LIST`, `ABORT`,
 //! `STRUCTURED_REPLY`, `LIST_META_CONTEXT`, `SET_META_CONTEXT`, `EXTENDED_HEADERS`) and
@@ -15,11 +15,10 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tagstripe::nbd::session::{Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig};
-//! use tagstripe::nbd::proto;
-//! use tagstripe::MemDevice;
+//! use tagstripe_nbd_proto::session::{Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig};
+//! use tagstripe_nbd_proto::proto;
 //!
-//! let catalog = Arc::new(Catalog::new().with(ExportEntry::new("disk", Arc::new(MemDevice::new("m", 64)))));
+//! let catalog = Arc::new(Catalog::new().with(ExportEntry::new("disk", 64 * 512)));
 //! let mut s = ServerSession::new(catalog, SessionConfig::default());
 //! let hello = s.take_output().unwrap();
 //! assert_eq!(&hello[..8], &proto::NBDMAGIC.to_be_bytes());
@@ -41,44 +40,97 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tagstripe_scheduler::IoClass;
 
 use super::proto::{
     self, Chunk, ChunkHeader, Command, ExtendedRequest, InfoRequest, MetaContextRequest,
     OptionHeader, Request, SimpleReply, errno,
 };
-use crate::{BlockDevice, DynBlockDevice, Extent, Volume};
 
-/// One export as the session sees it: the device (only its [`BlockDevice::info`] is read
-/// here), how it is offered, and, for a volume, its layout for the `tagstripe:component`
-/// context.
+/// An export's block sizes, as its device reports them (see
+/// [`ServerSession`]'s `NBD_INFO_BLOCK_SIZE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLimits {
+    /// The smallest unit of I/O, in bytes (512 or 4096 mostly).
+    pub logical_block_size: u32,
+    /// The device's physical block, in bytes.
+    pub physical_block_size: u32,
+    /// The optimal I/O size in bytes (0: none said; a stripe's width).
+    pub io_opt: u32,
+}
+
+impl Default for BlockLimits {
+    fn default() -> Self {
+        Self {
+            logical_block_size: 512,
+            physical_block_size: 512,
+            io_opt: 0,
+        }
+    }
+}
+
+/// What an export's device can do, for its transmission flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExportCaps {
+    /// A flush makes writes durable (`NBD_FLAG_SEND_FLUSH`).
+    pub flush: bool,
+    /// Forced unit access is honoured (`NBD_FLAG_SEND_FUA`, with flush).
+    pub fua: bool,
+    /// Discards are taken (`NBD_FLAG_SEND_TRIM`).
+    pub trim: bool,
+    /// A spinning disk (`NBD_FLAG_ROTATIONAL`).
+    pub rotational: bool,
+}
+
+/// Which component of a striped volume holds each part of it: what the session asks of a
+/// volume, for the `tagstripe:component` metadata context.
+pub trait ComponentLayout: Send + Sync + std::fmt::Debug {
+    /// The runs of volume sectors `[start, start + sectors)`, in order: each run's length in
+    /// sectors, the component that holds it and its mirror partner if any. `None` if the
+    /// range cannot be mapped.
+    fn component_map(&self, start: u64, sectors: u64) -> Option<Vec<(u64, usize, Option<usize>)>>;
+}
+
+/// One export as the session sees it: its name, size, block sizes and capabilities, how it
+/// is offered, and, for a striped volume, its layout for the `tagstripe:component` context.
+/// No device: the session only negotiates and validates; the runner runs the ops.
+///
+/// ```
+/// use tagstripe_nbd_proto::session::{ExportCaps, ExportEntry};
+/// let mut e = ExportEntry::new("disk", 1 << 30);
+/// e.caps = ExportCaps { flush: true, fua: true, trim: true, rotational: false };
+/// e.read_only = true;
+/// assert_eq!(e.size, 1 << 30);
+/// ```
 #[derive(Clone, Debug)]
 pub struct ExportEntry {
     /// The name clients ask for.
     pub name: String,
-    /// The device the ops run on.
-    pub device: Arc<dyn DynBlockDevice>,
+    /// Size in bytes.
+    pub size: u64,
+    /// Block sizes.
+    pub limits: BlockLimits,
+    /// What the device can do.
+    pub caps: ExportCaps,
     /// A description for `NBD_INFO_DESCRIPTION`.
     pub description: String,
-    /// Refuse writes (also when the device is read-only).
+    /// Refuse writes, zeroing and discards.
     pub read_only: bool,
-    /// The I/O class of this export's requests, instead of the connection's.
-    pub class: Option<IoClass>,
-    /// The volume behind the device, for the `tagstripe:component` context.
-    pub volume: Option<Arc<Volume>>,
+    /// The volume's layout, for the `tagstripe:component` context.
+    pub layout: Option<Arc<dyn ComponentLayout>>,
 }
 
 impl ExportEntry {
-    /// A writable export of `device`.
+    /// A writable export of `size` bytes with 512-byte blocks and no capabilities.
     #[must_use]
-    pub fn new(name: &str, device: Arc<dyn DynBlockDevice>) -> Self {
+    pub fn new(name: &str, size: u64) -> Self {
         Self {
             name: name.to_owned(),
-            read_only: device.info().read_only,
-            device,
+            size,
+            limits: BlockLimits::default(),
+            caps: ExportCaps::default(),
             description: String::new(),
-            class: None,
-            volume: None,
+            read_only: false,
+            layout: None,
         }
     }
 }
@@ -105,8 +157,7 @@ impl Catalog {
     }
 
     /// Adds (or replaces) an export.
-    pub fn insert(&mut self, mut e: ExportEntry) {
-        e.read_only |= e.device.info().read_only;
+    pub fn insert(&mut self, e: ExportEntry) {
         if self.default.is_none() {
             self.default = Some(e.name.clone());
         }
@@ -155,8 +206,6 @@ pub struct SessionConfig {
     /// Bytes of request and reply data held (default 128 MiB); no new request is read
     /// beyond it (one request's payload may finish arriving).
     pub max_buffered: u64,
-    /// The class of requests on exports that name none.
-    pub class: IoClass,
     /// TLS: off, offered, or required (the caller does the handshake when
     /// [`ServerSession::take_starttls`] says so).
     pub tls: TlsPolicy,
@@ -168,7 +217,6 @@ impl Default for SessionConfig {
             max_request: 32 << 20,
             max_in_flight: 128,
             max_buffered: 128 << 20,
-            class: IoClass::BestEffort,
             tls: TlsPolicy::Off,
         }
     }
@@ -227,8 +275,6 @@ pub struct Op {
     pub length: u64,
     /// Forced unit access.
     pub fua: bool,
-    /// The I/O class.
-    pub class: IoClass,
     /// Block sizes were agreed: offset and length are whole logical blocks.
     pub strict: bool,
 }
@@ -243,6 +289,18 @@ pub enum Outcome {
     /// An allocation query's extents (in sectors, from the op's offset, covering its
     /// range; the op's range is whole logical blocks).
     Extents(Vec<Extent>),
+}
+
+/// A run of an export's sectors with one allocation state (`NBD_STATE_HOLE`,
+/// `NBD_STATE_ZERO`), as an allocation query answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Length in sectors (never 0).
+    pub sectors: u64,
+    /// Not allocated on the backing store (`NBD_STATE_HOLE`).
+    pub hole: bool,
+    /// Reads as zeroes (`NBD_STATE_ZERO`).
+    pub zero: bool,
 }
 
 /// A failed op: the errno to answer and a message for the client's user.
@@ -814,14 +872,12 @@ impl ServerSession {
         let id = self.next_id;
         self.next_id += 1;
         self.ops.insert(id, (req, at));
-        let e = self.export.as_ref();
         Op {
             id,
             kind,
             offset,
             length,
             fua: flags & proto::CMD_FLAG_FUA != 0,
-            class: e.and_then(|e| e.class).unwrap_or(self.config.class),
             strict: self.strict,
         }
     }
@@ -1032,7 +1088,7 @@ impl ServerSession {
                     return Err(SessionError::Protocol(format!("no export named {name:?}")));
                 };
                 let reply = proto::ExportNameReply {
-                    size: e.device.info().bytes(),
+                    size: e.size,
                     flags: self.flags(&e),
                 };
                 self.emit(&reply.encode(self.no_zeroes));
@@ -1122,7 +1178,7 @@ impl ServerSession {
         self.reply(
             option,
             proto::REP_INFO,
-            &proto::info_export(e.device.info().bytes(), self.flags(&e)),
+            &proto::info_export(e.size, self.flags(&e)),
         );
         self.reply(
             option,
@@ -1165,7 +1221,7 @@ impl ServerSession {
 
     fn available_contexts(&self, e: &ExportEntry) -> Vec<Context> {
         let mut v = vec![Context::Allocation];
-        if e.volume.is_some() {
+        if e.layout.is_some() {
             v.push(Context::Component);
         }
         v
@@ -1227,7 +1283,7 @@ impl ServerSession {
 
     /// Transmission flags of export `e` for this connection.
     fn flags(&self, e: &ExportEntry) -> u16 {
-        let caps = e.device.caps();
+        let caps = e.caps;
         let mut f = proto::TF_HAS_FLAGS | proto::TF_CAN_MULTI_CONN | proto::TF_SEND_CACHE;
         // Flush and FUA are offered only if every component honours them (a read-only
         // export's flush is a no-op, and offered as other servers do).
@@ -1259,7 +1315,7 @@ impl ServerSession {
     /// protocol requires (a 3-member stripe of 8 KiB units prefers 8 KiB, not 24); and the
     /// request cap rounded down to whole minimum blocks.
     fn block_sizes(&self, e: &ExportEntry) -> (u32, u32, u32) {
-        let l = &e.device.info().limits;
+        let l = &e.limits;
         let min = l.logical_block_size.clamp(512, 65536).next_power_of_two();
         let max = (self.config.max_request / min * min).max(min);
         let pref = if l.io_opt > 0 {
@@ -1410,7 +1466,6 @@ impl ServerSession {
                 "request before an export was chosen".to_owned(),
             ));
         };
-        let info = e.device.info();
         let has_payload = flags & proto::CMD_FLAG_PAYLOAD_LEN != 0;
         // A payload over the agreed maximum is read and dropped and the request refused
         // (EINVAL, below), as nbdkit does: the spec lets a server disconnect instead, but a
@@ -1454,7 +1509,7 @@ impl ServerSession {
             return Ok(());
         }
         let ranged = !matches!(command, Command::Flush | Command::Other(_) | Command::Disc);
-        let size = info.bytes();
+        let size = e.size;
         if let Command::Other(c) = command {
             refuse_after_payload(self, errno::EINVAL, &format!("unknown command {c}"));
             return Ok(());
@@ -1465,7 +1520,7 @@ impl ServerSession {
             refuse_after_payload(self, error, "the request runs past the end of the export");
             return Ok(());
         }
-        let min = u64::from(info.limits.logical_block_size.max(512));
+        let min = u64::from(e.limits.logical_block_size.max(512));
         if ranged && self.strict && (offset % min != 0 || length % min != 0) {
             refuse_after_payload(
                 self,
@@ -1638,9 +1693,10 @@ impl ServerSession {
         for (i, c) in contexts.into_iter().enumerate() {
             let mut extents: Vec<(u64, u64)> = match c {
                 Context::Allocation => {
-                    let min = self.export.as_ref().map_or(512, |e| {
-                        u64::from(e.device.info().limits.logical_block_size.max(512))
-                    });
+                    let min = self
+                        .export
+                        .as_ref()
+                        .map_or(512, |e| u64::from(e.limits.logical_block_size.max(512)));
                     let skip = p.offset % min;
                     let mut v: Vec<(u64, u64)> = Vec::new();
                     let mut first = true;
@@ -1704,17 +1760,20 @@ impl ServerSession {
     /// The `tagstripe:component` extents of a byte range (status: component index, and a
     /// mirror partner's index plus one in bits 16-31).
     fn component_extents(&self, offset: u64, length: u64) -> Vec<(u64, u64)> {
-        let Some(vol) = self.export.as_ref().and_then(|e| e.volume.as_ref()) else {
+        let Some(e) = self.export.as_ref() else {
+            return Vec::new();
+        };
+        let Some(vol) = e.layout.as_ref() else {
             return Vec::new();
         };
         let s0 = offset / 512;
-        let s1 = (offset + length).div_ceil(512).min(vol.info().sectors);
+        let s1 = (offset + length).div_ceil(512).min(e.size / 512);
         if s1 <= s0 {
             return Vec::new();
         }
         // Bound the work: a hint may be huge, the reply is cut anyway.
         let s1 = s1.min(s0 + (1 << 24));
-        let Ok(map) = vol.component_map(s0, s1 - s0) else {
+        let Some(map) = vol.component_map(s0, s1 - s0) else {
             return Vec::new();
         };
         let skip = offset % 512;
@@ -1773,12 +1832,9 @@ fn zero_runs(d: &[u8]) -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemDevice;
 
     fn session(tls: TlsPolicy) -> ServerSession {
-        let catalog = Arc::new(
-            Catalog::new().with(ExportEntry::new("vol", Arc::new(MemDevice::new("m", 64)))),
-        );
+        let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 64 * 512)));
         let mut s = ServerSession::new(
             catalog,
             SessionConfig {

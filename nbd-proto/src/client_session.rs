@@ -1,12 +1,12 @@
 //! The client's side of the NBD protocol as state machines with no I/O (sans-IO): the
 //! negotiation ([`ClientHandshake`]: greeting, optional `STARTTLS`, `GO` with block sizes,
 //! `EXPORT_NAME` for servers without `GO`) and the decoding of simple replies
-//! ([`ReplyDecoder`]). [`super::NbdDevice`] is a thin tokio loop around them; tests drive
+//! ([`ReplyDecoder`]). The `tagstripe` library's `NbdDevice` is a thin tokio loop around them; tests drive
 //! them directly.
 //!
 //! ```
-//! use tagstripe::nbd::client_session::{ClientHandshake, Status};
-//! use tagstripe::nbd::proto;
+//! use tagstripe_nbd_proto::client_session::{ClientHandshake, Status};
+//! use tagstripe_nbd_proto::proto;
 //!
 //! let mut h = ClientHandshake::new("disk", false);
 //! let hello = proto::Hello { flags: proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES };
@@ -19,7 +19,7 @@
 //!     Status::Ready(info) => assert_eq!(info.size, 1 << 20),
 //!     other => panic!("{other:?}"),
 //! }
-//! # Ok::<(), tagstripe::nbd::proto::WireError>(())
+//! # Ok::<(), tagstripe_nbd_proto::proto::WireError>(())
 //! ```
 
 use bytes::{Buf, Bytes, BytesMut};

@@ -1,0 +1,169 @@
+//! The checks and helpers every backend and layer shares: a request's bounds, buffers
+//! cut into parts, zeroes written as buffers, pieces run to the end.
+
+use bytes::Bytes;
+
+use crate::{Error, Result};
+
+use super::{BlockDevice, DeviceInfo, IoOpts, Zeroes};
+
+/// Zero buffers for the emulated path, written in pieces of this size.
+static ZERO_BUF: [u8; 1 << 20] = [0u8; 1 << 20];
+
+/// The sectors a buffer of `len` bytes holds, or [`Error::BadLength`].
+pub(crate) fn sectors_of(info: &DeviceInfo, len: usize) -> Result<u64> {
+    if len % 512 != 0 {
+        return Err(Error::BadLength {
+            device: info.name.clone(),
+            what: format!("{len} bytes is not a whole number of sectors"),
+        });
+    }
+    Ok(len as u64 / 512)
+}
+
+/// Zeroes by writing zero buffers (1 MiB pieces, whole logical blocks), or refuses with
+/// [`Error::Unsupported`] if only a fast way would do.
+pub(crate) async fn write_zero_buffers<D: BlockDevice + ?Sized>(
+    dev: &D,
+    start: u64,
+    sectors: u64,
+    z: Zeroes,
+    opts: IoOpts,
+) -> Result<()> {
+    check_zeroes(dev.info(), start, sectors)?;
+    if z.fast_only {
+        return Err(Error::Unsupported {
+            device: dev.info().name.clone(),
+            op: "fast write-zeroes",
+        });
+    }
+    let lbs = u64::from(dev.info().limits.logical_block_size / 512).max(1);
+    let step = (ZERO_BUF.len() as u64 / 512) / lbs * lbs;
+    let mut at = 0;
+    while at < sectors {
+        let n = step.min(sectors - at);
+        let piece = Bytes::from_static(&ZERO_BUF[..n as usize * 512]);
+        dev.write(start + at, piece, opts).await?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Checks a write-zeroes request like a write of that many sectors.
+pub(crate) fn check_zeroes(info: &DeviceInfo, start: u64, sectors: u64) -> Result<()> {
+    let bytes = sectors
+        .checked_mul(512)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| Error::Overflow {
+            device: info.name.clone(),
+            start,
+            sectors,
+        })?;
+    info.check_write(start, bytes).map(|_| ())
+}
+
+/// The bytes of a gathered write (`parts` one after the other), checked as a write of that
+/// length at `start`: its sectors.
+pub(crate) fn check_parts(info: &DeviceInfo, start: u64, parts: &[Bytes]) -> Result<u64> {
+    for p in parts {
+        sectors_of(info, p.len())?;
+    }
+    info.check_write(start, parts.iter().map(Bytes::len).sum())
+}
+
+/// The buffers of a scattered read (`bufs` one after the other), checked as a read of
+/// that length at `start`: its sectors.
+pub(crate) fn check_bufs(info: &DeviceInfo, start: u64, bufs: &[&mut [u8]]) -> Result<u64> {
+    for b in bufs {
+        sectors_of(info, b.len())?;
+    }
+    let sectors = sectors_of(info, bufs.iter().map(|b| b.len()).sum())?;
+    info.check(start, sectors)?;
+    Ok(sectors)
+}
+
+/// [`BlockDevice::write_vectored`]'s default: the parts copied into one buffer, written as
+/// one request.
+pub(crate) async fn write_parts<D: BlockDevice + ?Sized>(
+    dev: &D,
+    start: u64,
+    mut parts: Vec<Bytes>,
+    opts: IoOpts,
+) -> Result<()> {
+    let sectors = check_parts(dev.info(), start, &parts)?;
+    if parts.len() == 1 {
+        let data = parts.pop().unwrap_or_default();
+        return dev.write(start, data, opts).await;
+    }
+    let mut whole = Vec::with_capacity(sectors as usize * 512);
+    for p in &parts {
+        whole.extend_from_slice(p);
+    }
+    dev.write(start, Bytes::from(whole), opts).await
+}
+
+/// The bytes `[from, from + len)` of `parts` taken one after the other, as slices of them
+/// (no copy): how a gathered write is cut into pieces.
+pub(crate) fn slice_parts(parts: &[Bytes], from: usize, len: usize) -> Vec<Bytes> {
+    let end = from + len;
+    let mut out = Vec::new();
+    if len == 0 {
+        return out;
+    }
+    let mut at = 0;
+    for p in parts {
+        let (lo, hi) = (at, at + p.len());
+        at = hi;
+        if hi <= from || p.is_empty() {
+            continue;
+        }
+        if lo >= end {
+            break;
+        }
+        out.push(p.slice(from.max(lo) - lo..end.min(hi) - lo));
+    }
+    out
+}
+
+/// Runs every piece of a request to the end, then reports the first error. Never returns
+/// while a piece is still running: a piece abandoned at the first error could still land
+/// after a later request (a discard zeroing a newer write), which would break ordering.
+pub(crate) async fn all<T, F>(pieces: impl IntoIterator<Item = F>) -> Result<Vec<T>>
+where
+    F: Future<Output = Result<T>>,
+{
+    futures_util::future::join_all(pieces)
+        .await
+        .into_iter()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_parts_takes_any_byte_range_across_parts() {
+        let parts: Vec<Bytes> = [3usize, 0, 5, 2]
+            .iter()
+            .scan(0u8, |next, &n| {
+                let b: Vec<u8> = (0..n).map(|i| *next + i as u8).collect();
+                *next += n as u8;
+                Some(Bytes::from(b))
+            })
+            .collect();
+        let flat: Vec<u8> = (0..10).collect();
+        for from in 0..=10 {
+            for len in 0..=10 - from {
+                let got = slice_parts(&parts, from, len);
+                assert!(got.iter().all(|p| !p.is_empty()), "no empty slices");
+                assert_eq!(got.concat(), &flat[from..from + len], "{from}+{len}");
+            }
+        }
+        assert_eq!(
+            slice_parts(&parts, 3, 5).len(),
+            1,
+            "inside one part: one slice"
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! The seam every backend and layer plugs into: the [`BlockDevice`] trait (read here first),
+//! then what a device is ([`DeviceInfo`], [`Caps`]), what travels with a request
+//! ([`IoOpts`], [`Zeroes`], [`Extent`]), the object-safe [`DynBlockDevice`] for devices of
+//! different types behind one pointer, and the checks every implementation shares.
+
+mod checks;
+mod erased;
+mod info;
+mod request;
+
+use bytes::Bytes;
+
+use crate::{Error, Result};
+
+pub(crate) use checks::*;
+pub use erased::{BoxFuture, DynBlockDevice};
+pub use info::{Caps, DeviceInfo, Zeroing};
+pub(crate) use request::push_extent;
+pub use request::{Extent, IoOpts, Zeroes};
+
+/// A block device: a backend, a layer over one, or a whole volume. Sectors are 512 bytes;
+/// requests must be whole logical blocks inside the device. Implementations are `Send +
+/// Sync`; every one is also a [`DynBlockDevice`], so it can be shared as
+/// `Arc<dyn DynBlockDevice>` (which is a `BlockDevice` again).
+///
+/// The methods return `impl Future`: a layer's future holds the future of the device under
+/// it inline, so a stack of layers over one device costs no allocation a request; the only
+/// boxing is where a stack is erased to `dyn DynBlockDevice` (a volume's component, say).
+/// Implement the methods with `async fn`:
+///
+/// ```
+/// use bytes::Bytes;
+/// use tagstripe::{BlockDevice, DeviceInfo, IoOpts, MemDevice, Result};
+///
+/// /// Counts the writes that reach the device under it.
+/// #[derive(Debug)]
+/// struct Counted<D> {
+///     inner: D,
+///     writes: std::sync::atomic::AtomicU64,
+/// }
+///
+/// impl<D: BlockDevice> BlockDevice for Counted<D> {
+///     fn info(&self) -> &DeviceInfo {
+///         self.inner.info()
+///     }
+///     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+///         self.inner.read(start, sectors, opts).await
+///     }
+///     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+///         self.inner.read_into(start, buf, opts).await
+///     }
+///     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+///         self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.inner.write(start, data, opts).await
+///     }
+///     async fn flush(&self, opts: IoOpts) -> Result<()> {
+///         self.inner.flush(opts).await
+///     }
+///     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+///         self.inner.discard(start, sectors, opts).await
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let d = Counted { inner: MemDevice::new("m", 64), writes: Default::default() };
+/// d.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
+/// assert_eq!(d.read(0, 8, IoOpts::new()).await?[0], 1);
+/// assert_eq!(d.writes.into_inner(), 1);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+///
+/// Contract: a request that fails validation returns an error and touches nothing; `write`
+/// returns `Ok` only once the data is written (durably if `opts.fua`); `flush` makes every
+/// completed write durable; after `discard`, the sectors read as zeroes on the backends here.
+/// A request split into pieces returns only when every piece has finished, even when one
+/// fails. Dropping a request's future before it completes leaves its outcome undefined:
+/// I/O already handed to the operating system may still land.
+pub trait BlockDevice: Send + Sync + std::fmt::Debug {
+    /// Size, limits and identity.
+    fn info(&self) -> &DeviceInfo;
+
+    /// What the device can do ([`Caps`]): its info's.
+    fn caps(&self) -> Caps {
+        self.info().caps
+    }
+
+    /// Reads `sectors` sectors from `start`.
+    fn read(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send;
+
+    /// Reads `buf.len()` bytes (whole sectors) from `start` into `buf`: the path with no
+    /// allocation, for callers that reuse buffers. The default reads and copies; backends
+    /// and layers that can fill `buf` directly do.
+    fn read_into(
+        &self,
+        start: u64,
+        buf: &mut [u8],
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let sectors = sectors_of(self.info(), buf.len())?;
+            let data = self.read(start, sectors, opts).await?;
+            buf.copy_from_slice(&data);
+            Ok(())
+        }
+    }
+
+    /// Reads the run of sectors from `start` into `bufs`, one after the other: a scattered
+    /// read (`preadv`), each buffer whole sectors. A striped volume reads the interleave units
+    /// of a request that lie back to back on one component this way: one command a
+    /// component, not one a unit. The default reads the run as one request
+    /// ([`read`](Self::read)) and copies it into the buffers, as `read_into`'s default copies.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// d.write(0, Bytes::from((0..8u8).flat_map(|i| [i; 512]).collect::<Vec<u8>>()), IoOpts::new()).await?;
+    /// let (mut a, mut b) = (vec![0u8; 1024], vec![0u8; 512]);
+    /// d.read_vectored_into(5, vec![&mut a, &mut b], IoOpts::new()).await?;
+    /// assert_eq!((a[0], a[600], b[0]), (5, 6, 7));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let sectors = check_bufs(self.info(), start, &bufs)?;
+            let len = sectors as usize * 512;
+            let data = self.read(start, sectors, opts).await?;
+            let mut at = 0;
+            for b in bufs {
+                let n = b.len();
+                b.copy_from_slice(data.get(at..at + n).ok_or_else(|| Error::BadLength {
+                    device: self.info().name.clone(),
+                    what: format!("read returned {} bytes, {len} asked", data.len()),
+                })?);
+                at += n;
+            }
+            Ok(())
+        }
+    }
+
+    /// Writes `data` (whole sectors) at `start`.
+    fn write(
+        &self,
+        start: u64,
+        data: Bytes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Writes `parts`, one after the other, as one run of sectors from `start`: a gathered
+    /// write (`pwritev`). Each part is whole sectors. A striped volume sends the interleave
+    /// units of a request that lie back to back on one component this way, so the component
+    /// gets one command where it would get one a unit (as the Linux block layer merges
+    /// adjacent bios into one request). The default copies the parts into one buffer and
+    /// writes that (one command either way: a device under a tagged queue is never sent more
+    /// commands than the queue gave tags); layers pass the parts down whole, the io_uring
+    /// backend sends them as one `IORING_OP_WRITEV` and the file backend as one trip to its
+    /// thread pool, neither copying.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// let parts = vec![Bytes::from(vec![1u8; 1024]), Bytes::from(vec![2u8; 512])];
+    /// d.write_vectored(4, parts, IoOpts::new()).await?;
+    /// let back = d.read(4, 3, IoOpts::new()).await?;
+    /// assert!(back[..1024].iter().all(|&b| b == 1) && back[1024..].iter().all(|&b| b == 2));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn write_vectored(
+        &self,
+        start: u64,
+        parts: Vec<Bytes>,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        write_parts(self, start, parts, opts)
+    }
+
+    /// Makes completed writes durable.
+    fn flush(&self, opts: IoOpts) -> impl Future<Output = Result<()>> + Send;
+
+    /// Discards `sectors` sectors from `start`.
+    fn discard(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Makes `sectors` sectors from `start` read as zeroes. With `z.unmap` the device may
+    /// deallocate them (punch a hole); with `z.fast_only` it must not fall back to writing
+    /// zeroes, and refuses with [`Error::Unsupported`] instead (NBD's `FAST_ZERO`). Backends
+    /// zero natively (files and block devices: `fallocate` zero-range or punch-hole; memory:
+    /// in place; NBD: `WRITE_ZEROES`); the default writes zero buffers, which is not fast.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice, Zeroes};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// d.write(0, Bytes::from(vec![7u8; 4096]), IoOpts::new()).await?;
+    /// d.write_zeroes(2, 4, Zeroes::new().fast_only(true), IoOpts::new()).await?;
+    /// let back = d.read(0, 8, IoOpts::new()).await?;
+    /// assert!(back[1024..3072].iter().all(|&b| b == 0) && back[..1024].iter().all(|&b| b == 7));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        write_zero_buffers(self, start, sectors, z, opts)
+    }
+
+    /// Which parts of `[start, start + sectors)` hold data and which are holes or read as
+    /// zeroes: the extents, in order, covering exactly the range (NBD's `base:allocation`,
+    /// `SEEK_DATA`/`SEEK_HOLE`). A hint, never a promise of content beyond what it says: an
+    /// extent marked `zero` reads as zeroes; one marked data may hold anything. Files ask the
+    /// filesystem (`lseek` `SEEK_DATA`/`SEEK_HOLE`), memory scans for zero blocks, volumes
+    /// map the range to their components and ask each; the default reports it all as data.
+    /// The range is checked as for a read.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, Extent, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 1024);
+    /// d.write(8, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
+    /// assert_eq!(
+    ///     d.allocation(0, 64).await?,
+    ///     [Extent::hole(8), Extent::data(8), Extent::hole(48)]
+    /// );
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn allocation(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> impl Future<Output = Result<Vec<Extent>>> + Send {
+        async move {
+            self.info().check(start, sectors)?;
+            Ok(vec![Extent::data(sectors)])
+        }
+    }
+}
