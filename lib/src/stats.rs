@@ -160,8 +160,9 @@ impl Stats {
     }
 }
 
-/// A copy of the counters; differences of two give rates.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A copy of the counters; differences of two give rates. Its `Debug` shows the counters and
+/// the p50 / p99 / max latency, not the histogram's buckets.
+#[derive(Clone, PartialEq, Eq)]
 pub struct StatsSnapshot {
     /// Completed reads.
     pub reads: u64,
@@ -221,13 +222,16 @@ impl StatsSnapshot {
         self.bytes_since(earlier) as f64 / 1e6 / elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// The latency below which a fraction `p` of completed requests fell, within 1.6%
-    /// (rounded up to its bucket's top); `None` before any completion.
+    /// The latency below which `p` percent of completed requests fell (`p` from 0 to 100,
+    /// as hdrhistogram's `value_at_percentile` and fio's `clat` percentiles count: 99.0 is
+    /// the p99), within 1.6% (rounded up to its bucket's top). `None` before any completion,
+    /// and for a `p` outside 0..=100 or NaN.
     ///
     /// ```
-    /// use std::time::Duration;
-    /// let s = tagstripe::Stats::default();
-    /// assert_eq!(s.snapshot().latency_percentile(0.99), None);
+    /// use tagstripe::Stats;
+    /// let s = Stats::default();
+    /// assert_eq!(s.snapshot().latency_percentile(99.0), None); // nothing completed yet
+    /// assert_eq!(s.snapshot().latency_percentile(990.0), None); // not a percentage
     /// ```
     #[must_use]
     pub fn latency_percentile(&self, p: f64) -> Option<Duration> {
@@ -237,7 +241,8 @@ impl StatsSnapshot {
         percentile(&all, p)
     }
 
-    /// As [`latency_percentile`](Self::latency_percentile), for the requests of one I/O class.
+    /// As [`latency_percentile`](Self::latency_percentile) (`p` in percent), for the requests
+    /// of one I/O class.
     #[must_use]
     pub fn class_latency_percentile(&self, class: IoClass, p: f64) -> Option<Duration> {
         percentile(&self.latency[class as usize], p)
@@ -250,12 +255,34 @@ impl StatsSnapshot {
     }
 }
 
+impl std::fmt::Debug for StatsSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatsSnapshot")
+            .field("reads", &self.reads)
+            .field("writes", &self.writes)
+            .field("flushes", &self.flushes)
+            .field("discards", &self.discards)
+            .field("bytes_read", &self.bytes_read)
+            .field("bytes_written", &self.bytes_written)
+            .field("errors", &self.errors)
+            .field("in_flight", &self.in_flight)
+            .field("p50", &self.latency_percentile(50.0))
+            .field("p99", &self.latency_percentile(99.0))
+            .field("max", &self.latency_percentile(100.0))
+            .finish()
+    }
+}
+
+/// The latency below which `p` percent of the histogram `h` fell.
 fn percentile(h: &[u64], p: f64) -> Option<Duration> {
+    if !(0.0..=100.0).contains(&p) {
+        return None;
+    }
     let total: u64 = h.iter().sum();
     if total == 0 {
         return None;
     }
-    let want = ((p.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+    let want = ((p / 100.0 * total as f64).ceil() as u64).max(1);
     let mut seen = 0;
     for (b, &n) in h.iter().enumerate() {
         seen += n;
@@ -297,9 +324,9 @@ mod tests {
             );
         }
         let snap = s.snapshot();
-        let p99 = snap.latency_percentile(0.99).unwrap().as_secs_f64() * 1e3;
+        let p99 = snap.latency_percentile(99.0).unwrap().as_secs_f64() * 1e3;
         assert!((p99 - 33.165).abs() < 33.165 / 60.0, "p99 {p99} ms");
         assert_eq!(snap.class_completions(IoClass::Interactive), 100);
-        assert_eq!(snap.class_latency_percentile(IoClass::Bulk, 0.5), None);
+        assert_eq!(snap.class_latency_percentile(IoClass::Bulk, 50.0), None);
     }
 }

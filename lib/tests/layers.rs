@@ -107,7 +107,7 @@ fn volume_stats_count_transfers_and_latency() {
         assert_eq!(after.transfers() - before.transfers(), 20);
         assert_eq!(after.errors, 1);
         assert_eq!(after.kb_per_transfer(&before), 4.0);
-        assert!(after.latency_percentile(0.99).is_some());
+        assert!(after.latency_percentile(99.0).is_some());
         assert_eq!(after.in_flight, 0);
     });
 }
@@ -239,8 +239,8 @@ fn stats_survive_cancellation_and_share_one_clock() {
         let v = vol.stats().snapshot();
         let q = vol.component_stats()[0].snapshot();
         let (vp, qp) = (
-            v.latency_percentile(0.5).unwrap(),
-            q.latency_percentile(0.5).unwrap(),
+            v.latency_percentile(50.0).unwrap(),
+            q.latency_percentile(50.0).unwrap(),
         );
         assert!(
             vp >= Duration::from_micros(100),
@@ -263,8 +263,8 @@ fn stats_survive_cancellation_and_share_one_clock() {
         let v = vol.stats().snapshot();
         assert_eq!(v.class_completions(IoClass::BestEffort), 20);
         assert_eq!(v.class_completions(IoClass::Bulk), 5);
-        assert!(v.class_latency_percentile(IoClass::Bulk, 0.99).is_some());
-        assert_eq!(v.class_latency_percentile(IoClass::Interactive, 0.5), None);
+        assert!(v.class_latency_percentile(IoClass::Bulk, 99.0).is_some());
+        assert_eq!(v.class_latency_percentile(IoClass::Interactive, 50.0), None);
     });
 }
 

@@ -160,6 +160,60 @@ impl Geometry {
         self.map(lblk, 1).ok()?.next()
     }
 
+    /// The inverse of [`locate`](Self::locate): the volume sector that component `component`'s
+    /// sector `cblk` holds (counted from the component's start, reserved area included), or
+    /// `None` where that sector holds no volume data (the reserved area, the tail cut off by
+    /// rounding, past the end). A mirror's second-half sector maps to the volume sector it
+    /// copies. What a scrub or repair tool needs to name the file-system block behind a bad
+    /// component sector.
+    ///
+    /// ```
+    /// use tagstripe_striping::{Flavor, Geometry};
+    /// let g = Geometry::builder([1000, 2000, 1500], 16).flavor(Flavor::NetBsd).build()?;
+    /// for lblk in [0, 17, 3000, g.total_sectors() - 1] {
+    ///     let p = g.locate(lblk).unwrap();
+    ///     assert_eq!(g.volume_sector(p.component, p.cblk), Some(lblk));
+    /// }
+    /// assert_eq!(g.volume_sector(0, 995), None); // cut off by rounding to the interleave
+    /// assert_eq!(g.volume_sector(7, 0), None); // no such component
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    #[must_use]
+    pub fn volume_sector(&self, component: usize, cblk: u64) -> Option<u64> {
+        let x = cblk.checked_sub(self.reserved_sectors())?;
+        let il = self.interleave();
+        for r in self.rows() {
+            let Some(pos) = r.members().iter().position(|&m| m == component) else {
+                continue;
+            };
+            let n = r.data_members() as u64;
+            // A mirror's second half holds copies of the first half's units.
+            let k = (pos % r.data_members()) as u64;
+            let held = r.lblk_end() - r.lblk_start();
+            if il == 0 {
+                let start = r.cblk_start();
+                if (start..start + held).contains(&x) {
+                    return Some(r.lblk_start() + (x - start));
+                }
+                continue;
+            }
+            let (cunit, cboff) = (x / il, x % il);
+            let units = held / il / n;
+            if !(r.cunit_start..r.cunit_start + units).contains(&cunit) {
+                continue;
+            }
+            let first = r.unit_start + (cunit - r.cunit_start) * n;
+            let j = if self.md_orig() {
+                (k + n - first % n) % n
+            } else {
+                k
+            };
+            let lblk = (first + j) * il + cboff;
+            return (lblk < r.lblk_end()).then_some(lblk);
+        }
+        None
+    }
+
     /// Pieces of `[start, end)`, which the caller has bounds-checked.
     #[inline]
     fn pieces(&self, start: u64, end: u64) -> Pieces<'_> {

@@ -397,3 +397,43 @@ fn huge_components_map_without_overflow() {
             .all(|p| p.cblk + p.count <= g.component_sizes()[p.component])
     );
 }
+
+proptest! {
+    /// `volume_sector` inverts `locate` for every flavor, interleave and size: each volume
+    /// sector's component sector (and its mirror copy's) maps back to it, and a component
+    /// sector that maps to a volume sector is where that sector lives.
+    #[test]
+    fn volume_sector_inverts_locate(
+        sizes in proptest::collection::vec(1u64..400, 1..6),
+        interleave in prop_oneof![Just(0u64), 1u64..40],
+        flavor in prop_oneof![
+            Just(Flavor::NetBsd),
+            Just(Flavor::FreeBsd),
+            Just(Flavor::Md(MdLayout::Alt)),
+            Just(Flavor::Md(MdLayout::Orig)),
+        ],
+        mirror in any::<bool>(),
+    ) {
+        let mut b = Geometry::builder(sizes.clone(), interleave);
+        b.flavor(flavor).mirror(mirror && sizes.len() % 2 == 0);
+        let Ok(g) = b.build() else { return Ok(()) };
+        for lblk in 0..g.total_sectors() {
+            let p = g.locate(lblk).unwrap();
+            prop_assert_eq!(g.volume_sector(p.component, p.cblk), Some(lblk));
+            if let Some(m) = p.mirror {
+                prop_assert_eq!(g.volume_sector(m, p.cblk), Some(lblk));
+            }
+        }
+        for (c, &raw) in g.raw_sizes().iter().enumerate() {
+            for cblk in 0..raw + 2 {
+                if let Some(lblk) = g.volume_sector(c, cblk) {
+                    let p = g.locate(lblk).unwrap();
+                    prop_assert!(
+                        (p.component == c || p.mirror == Some(c)) && p.cblk == cblk,
+                        "component {} sector {} -> {} -> {:?}", c, cblk, lblk, p
+                    );
+                }
+            }
+        }
+    }
+}
