@@ -19,16 +19,11 @@ macro_rules! outln {
 mod bench;
 mod components;
 mod info;
-mod load;
+mod layout;
 mod map;
-#[cfg(feature = "extras")]
-mod plot;
 mod quirks;
 mod serve;
-mod simreport;
-mod soak;
 mod split;
-mod story;
 
 /// Striping, tagged queueing and request splitting for storage engineers.
 #[derive(Debug, Parser)]

@@ -4,9 +4,10 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::{Value, json};
-use tagstripe_striping::{Error, Flavor, Geometry, MirrorReads, Piece, ReadBalancer, Side, Status};
+use tagstripe_striping::{Error, Geometry, Piece, ReadBalancer, Side, Status};
 
 use crate::EXIT_USAGE;
+use crate::layout::LayoutArgs;
 
 /// Arguments of `tagstripe map`.
 #[derive(Debug, Args)]
@@ -17,30 +18,11 @@ pub(crate) struct MapArgs {
     /// Interleave in sectors; 0 concatenates.
     #[arg(long, allow_negative_numbers = true)]
     interleave: i64,
-    /// Whose rules to follow: netbsd, netbsd1997, freebsd, md-alt or md-orig.
-    #[arg(long, default_value = "netbsd", value_parser = parse_flavor)]
-    flavor: Flavor,
-    /// Every component contributes only as much as the smallest (CCDF_UNIFORM).
-    #[arg(long)]
-    uniform: bool,
-    /// Mirror the first half of the components onto the second.
-    #[arg(long)]
-    mirror: bool,
-    /// FreeBSD: do not reserve 16 sectors at the start of each component.
-    #[arg(long)]
-    no_offset: bool,
-    /// FreeBSD linux mode: interleave given in KiB (doubled), no reserved area.
-    #[arg(long)]
-    linux: bool,
+    #[command(flatten)]
+    layout: LayoutArgs,
     /// Largest component sector size in bytes.
     #[arg(long, default_value_t = 512)]
     secsize: u32,
-    /// Override the reserved sectors at the start of each component (e.g. md data_offset).
-    #[arg(long)]
-    reserved: Option<u64>,
-    /// How mirror reads choose a side; default: the flavor's (dual-seek-zone on FreeBSD).
-    #[arg(long, value_parser = parse_mirror_reads)]
-    mirror_reads: Option<MirrorReads>,
     /// Requests to map, each [r:|w:]START:COUNT in sectors (reads if no prefix).
     #[arg(long = "request", num_args = 1.., value_parser = parse_request)]
     requests: Vec<Request>,
@@ -69,18 +51,6 @@ fn parse_sizes(s: &str) -> Result<Sizes, String> {
         })
         .collect::<Result<_, _>>()
         .map(Sizes)
-}
-
-pub(crate) fn parse_flavor(s: &str) -> Result<Flavor, String> {
-    s.parse().map_err(|e: Error| e.to_string())
-}
-
-pub(crate) fn parse_mirror_reads(s: &str) -> Result<MirrorReads, String> {
-    match s {
-        "primary" => Ok(MirrorReads::Primary),
-        "dual-seek-zone" => Ok(MirrorReads::DualSeekZone),
-        _ => Err(format!("{s:?}: expected primary or dual-seek-zone")),
-    }
 }
 
 fn parse_request(s: &str) -> Result<Request, String> {
@@ -120,6 +90,7 @@ pub(crate) fn run(args: &MapArgs) -> ExitCode {
         }
     };
     let policy = args
+        .layout
         .mirror_reads
         .unwrap_or_else(|| geometry.default_mirror_reads());
     let mut reads = ReadBalancer::new(&geometry, policy);
@@ -141,15 +112,8 @@ fn build(args: &MapArgs) -> Result<Geometry, Error> {
         interleave: args.interleave,
     })?;
     let mut b = Geometry::builder(args.sizes.0.clone(), interleave);
-    b.flavor(args.flavor)
-        .uniform(args.uniform)
-        .mirror(args.mirror)
-        .no_offset(args.no_offset)
-        .linux(args.linux)
-        .sector_size(args.secsize);
-    if let Some(r) = args.reserved {
-        b.reserved(r);
-    }
+    args.layout.geometry(&mut b);
+    b.sector_size(args.secsize);
     b.build()
 }
 

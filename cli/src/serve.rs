@@ -7,7 +7,6 @@ use clap::Args;
 use tagstripe::nbd::{Export, NbdServer, ServerConfig, TlsPolicy};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::IoClass;
-use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MirrorEvent, Volume};
 
 use crate::components::{self, OpenOptions};
@@ -30,29 +29,8 @@ pub(crate) struct ServeArgs {
     /// Interleave in sectors (0 concatenates).
     #[arg(long, default_value_t = 128)]
     interleave: u64,
-    /// ccd / md flavor: netbsd, netbsd1997, freebsd, md-alt, md-orig.
-    #[arg(long, default_value = "netbsd", value_parser = crate::map::parse_flavor)]
-    flavor: Flavor,
-    /// Every component contributes the smallest size.
-    #[arg(long)]
-    uniform: bool,
-    /// Mirror the first half of the components onto the second (ccd's CCDF_MIRROR; with
-    /// --flavor freebsd or netbsd1997).
-    #[arg(long)]
-    mirror: bool,
-    /// How mirror reads choose a side: primary or dual-seek-zone (default: the flavor's).
-    #[arg(long, value_parser = crate::map::parse_mirror_reads)]
-    mirror_reads: Option<tagstripe::striping::MirrorReads>,
-    /// FreeBSD: no reserved area at the start of each component.
-    #[arg(long)]
-    no_offset: bool,
-    /// FreeBSD linux mode: interleave given in KiB (doubled), no reserved area.
-    #[arg(long)]
-    linux: bool,
-    /// Sectors reserved at the start of each component (e.g. md's data_offset), instead of
-    /// the flavor's.
-    #[arg(long)]
-    reserved: Option<u64>,
+    #[command(flatten)]
+    layout: crate::layout::LayoutArgs,
     /// Metadata at the end of each component (its last 16 sectors): `end` records which
     /// mirror side is stale so that it is never read after a restart, and a write-intent
     /// bitmap so that a returning side is resynced (online, in the bulk class) by copying
@@ -227,98 +205,95 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: &ServeArgs) -> ExitCode {
-    let o = OpenOptions {
-        read_only: args.read_only,
-        direct: args.direct,
-    };
-    let comps = match components::open_all(&args.components, o).await {
-        Ok(c) => c,
-        Err(e) => return crate::fail("serve", "open", &e, false),
-    };
-    let (device, volume): (Arc<dyn DynBlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
-        (Arc::clone(&comps[0]), None)
-    } else {
-        let mut b = Volume::builder(comps)
-            .name(&args.export)
-            .interleave(args.interleave)
-            .flavor(args.flavor)
-            .uniform(args.uniform)
-            .mirror(args.mirror)
-            .no_offset(args.no_offset)
-            .linux(args.linux)
-            .quirks(QuirkSet::builtin());
-        if let Some(r) = args.reserved {
-            b = b.reserved(r);
-        }
-        if let Some(m) = args.mirror_reads {
-            b = b.mirror_reads(m);
-        }
-        let metadata = match args.metadata.as_deref() {
-            _ if args.no_metadata => false,
-            Some("end") => true,
-            Some(_) => false,
-            None => args.mirror,
-        };
-        if args.mirror && !metadata && !args.assume_clean {
-            return crate::fail(
-                "serve",
-                "bad_option",
-                "--mirror with --metadata none keeps no record of a stale side: after a restart \
-                 a side that missed writes would be read; use --metadata end (the default), \
-                 or --assume-clean if the sides are known to be identical",
-                false,
-            );
-        }
-        let vol = b
-            .metadata(metadata)
-            .assume_clean(args.assume_clean)
-            .read_only(args.read_only)
-            .on_event(say_event)
-            .open()
-            .await;
-        match vol {
-            Ok(v) => {
-                let v = Arc::new(v);
-                (Arc::clone(&v) as Arc<dyn DynBlockDevice>, Some(v))
-            }
-            Err(e) => return crate::fail("serve", "volume", &e.to_string(), false),
-        }
-    };
-    if args.max_request < 4096 {
-        return crate::fail(
-            "serve",
-            "bad_option",
-            "--max-request must be at least 4096",
-            false,
-        );
+    match serve_phases(args).await {
+        Ok(code) | Err(code) => code,
     }
-    let allow: tagstripe::nbd::AllowList = match args.allow.as_deref().unwrap_or("").parse() {
-        Ok(a) => a,
-        Err(e) => return crate::fail("serve", "bad_option", &format!("--allow: {e}"), false),
+}
+
+/// A refusal, already reported: the exit code to leave with.
+type Refused = ExitCode;
+
+fn refuse(kind: &str, message: &str) -> Refused {
+    crate::fail("serve", kind, message, false)
+}
+
+/// What the options say, checked before anything is opened or listened on.
+struct Checked {
+    allow: tagstripe::nbd::AllowList,
+    config: ServerConfig,
+    metadata: bool,
+}
+
+/// The volume (or the one device) being served and the server over it.
+struct Assembled {
+    device: Arc<dyn DynBlockDevice>,
+    volume: Option<Arc<Volume>>,
+    server: Arc<NbdServer>,
+}
+
+async fn serve_phases(args: &ServeArgs) -> Result<ExitCode, Refused> {
+    let checked = validate(args)?;
+    let assembled = assemble(args, &checked).await?;
+    let listener = Listener::bind(&args.listen)
+        .await
+        .map_err(|e| refuse("listen", &format!("{}: {e}", args.listen)))?;
+    check_exposure(args, &checked, &listener)?;
+    Ok(run_server(args, assembled, listener).await)
+}
+
+/// Checks every option that needs no I/O: a bad one is refused before a component is
+/// opened or a socket bound.
+fn validate(args: &ServeArgs) -> Result<Checked, Refused> {
+    if args.max_request < 4096 {
+        return Err(refuse("bad_option", "--max-request must be at least 4096"));
+    }
+    let metadata = match args.metadata.as_deref() {
+        _ if args.no_metadata => false,
+        Some("end") => true,
+        Some(_) => false,
+        None => args.layout.mirror,
     };
+    if args.layout.mirror && !metadata && !args.assume_clean {
+        return Err(refuse(
+            "bad_option",
+            "--mirror with --metadata none keeps no record of a stale side: after a restart \
+             a side that missed writes would be read; use --metadata end (the default), \
+             or --assume-clean if the sides are known to be identical",
+        ));
+    }
+    for (name, _) in &args.class_export {
+        if *name == args.export {
+            return Err(refuse(
+                "bad_option",
+                &format!("--class-export {name}: that is the main export's name"),
+            ));
+        }
+    }
+    let allow: tagstripe::nbd::AllowList = args
+        .allow
+        .as_deref()
+        .unwrap_or("")
+        .parse()
+        .map_err(|e| refuse("bad_option", &format!("--allow: {e}")))?;
     let tls_config = match (args.tls, &args.tls_certificates) {
         (TlsPolicy::Off, None) if args.tls_verify_peer => {
-            return crate::fail(
-                "serve",
+            return Err(refuse(
                 "bad_option",
                 "--tls-verify-peer needs --tls on or --tls require",
-                false,
-            );
+            ));
         }
         (TlsPolicy::Off, _) => None,
         (_, None) => {
-            return crate::fail(
-                "serve",
+            return Err(refuse(
                 "bad_option",
                 "--tls on and --tls require need --tls-certificates DIR (with ca-cert.pem, \
                  server-cert.pem and server-key.pem)",
-                false,
-            );
+            ));
         }
-        (_, Some(dir)) => match tagstripe::nbd::tls::server_config(dir, args.tls_verify_peer) {
-            Ok(c) => Some(c),
-            Err(e) => return crate::fail("serve", "tls", &e.to_string(), false),
-        },
+        (_, Some(dir)) => Some(
+            tagstripe::nbd::tls::server_config(dir, args.tls_verify_peer)
+                .map_err(|e| refuse("tls", &e.to_string()))?,
+        ),
     };
     let config = ServerConfig {
         max_request: args.max_request,
@@ -328,20 +303,76 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         tls_config,
         ..ServerConfig::default()
     };
-    let listener = match Listener::bind(&args.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            return crate::fail("serve", "listen", &format!("{}: {e}", args.listen), false);
+    Ok(Checked {
+        allow,
+        config,
+        metadata,
+    })
+}
+
+/// Opens the components, builds the volume over them (reading its metadata) and the server
+/// with its exports.
+async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refused> {
+    let o = OpenOptions {
+        read_only: args.read_only,
+        direct: args.direct,
+    };
+    let comps = components::open_all(&args.components, o)
+        .await
+        .map_err(|e| refuse("open", &e))?;
+    let (device, volume): (Arc<dyn DynBlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
+        (Arc::clone(&comps[0]), None)
+    } else {
+        let b = args.layout.volume(
+            Volume::builder(comps)
+                .name(&args.export)
+                .interleave(args.interleave)
+                .quirks(QuirkSet::builtin()),
+        );
+        let v = b
+            .metadata(checked.metadata)
+            .assume_clean(args.assume_clean)
+            .read_only(args.read_only)
+            .on_event(say_event)
+            .open()
+            .await
+            .map_err(|e| refuse("volume", &e.to_string()))?;
+        let v = Arc::new(v);
+        (Arc::clone(&v) as Arc<dyn DynBlockDevice>, Some(v))
+    };
+    let entry = |name: &str, class: Option<IoClass>| {
+        let e = match &volume {
+            Some(v) => Export::volume(name, Arc::clone(v)),
+            None => Export::device(name, Arc::clone(&device)),
+        };
+        let e = e
+            .description("a tagstripe volume")
+            .read_only(args.read_only);
+        match class {
+            Some(c) => e.class(c),
+            None => e,
         }
     };
-    if let Listener::Tcp(_, addr) = &listener {
+    let mut server = NbdServer::new(checked.config.clone()).export_entry(entry(&args.export, None));
+    for (name, class) in &args.class_export {
+        server = server.export_entry(entry(name, Some(*class)));
+    }
+    Ok(Assembled {
+        device,
+        volume,
+        server: Arc::new(server),
+    })
+}
+
+/// An address beyond loopback with nobody kept out is refused unless the user says so.
+fn check_exposure(args: &ServeArgs, checked: &Checked, listener: &Listener) -> Result<(), Refused> {
+    if let Listener::Tcp(_, addr) = listener {
         if !addr.ip().is_loopback()
-            && allow.is_empty()
+            && checked.allow.is_empty()
             && args.tls != TlsPolicy::Require
             && !args.insecure
         {
-            return crate::fail(
-                "serve",
+            return Err(refuse(
                 "insecure",
                 &format!(
                     "listening on {addr} lets anyone who can reach it read and write the volume \
@@ -349,10 +380,20 @@ async fn serve(args: &ServeArgs) -> ExitCode {
                      [--tls-verify-peer], restrict it with --allow ADDR[/PREFIX],..., or \
                      accept the risk with --insecure"
                 ),
-                false,
-            );
+            ));
         }
     }
+    Ok(())
+}
+
+/// Serves until the listener fails or a signal stops it; then, for a writable volume,
+/// makes every acknowledged write durable and the mirror clean.
+async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitCode {
+    let Assembled {
+        device,
+        volume,
+        server,
+    } = a;
     let info = device.info().clone();
     // On standard output only the protocol may travel: say everything on stderr then.
     let stdio = matches!(listener, Listener::Stdio);
@@ -378,36 +419,12 @@ async fn serve(args: &ServeArgs) -> ExitCode {
         Some(v) => say!("{}", v.geometry()),
         None => say!("one component, exported directly: {}", info.name),
     }
-    let entry = |name: &str, class: Option<IoClass>| {
-        let e = match &volume {
-            Some(v) => Export::volume(name, Arc::clone(v)),
-            None => Export::device(name, Arc::clone(&device)),
-        };
-        let e = e
-            .description("a tagstripe volume")
-            .read_only(args.read_only);
-        match class {
-            Some(c) => e.class(c),
-            None => e,
-        }
-    };
-    let mut server = NbdServer::new(config).export_entry(entry(&args.export, None));
     for (name, class) in &args.class_export {
-        if *name == args.export {
-            return crate::fail(
-                "serve",
-                "bad_option",
-                &format!("--class-export {name}: that is the main export's name"),
-                false,
-            );
-        }
         say!(
             "export {name:?}: the same volume, requests in the {} class",
             class.name()
         );
-        server = server.export_entry(entry(name, Some(*class)));
     }
-    let server = Arc::new(server);
     let stop = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

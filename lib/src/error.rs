@@ -177,6 +177,14 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// A size that cannot be read (see [`crate::parse_size`]).
+    #[error("{input:?}: {why}")]
+    BadSize {
+        /// What was given.
+        input: String,
+        /// What is wrong.
+        why: String,
+    },
     /// A geometry ccd would refuse.
     #[error(transparent)]
     Geometry(#[from] tagstripe_striping::Error),
@@ -245,6 +253,7 @@ impl Error {
             | Self::Misaligned { .. }
             | Self::BadLength { .. }
             | Self::BadUrl { .. }
+            | Self::BadSize { .. }
             | Self::Geometry(_)
             | Self::Limits(_) => libc::EINVAL,
             Self::ReadOnly { .. } => libc::EROFS,

@@ -73,7 +73,7 @@ pub use layers::mirror::metadata::component_metadata;
 pub use layers::mirror::resync::{MirrorEvent, SideStatus};
 pub use layers::{Queue, QueueHandle, Split, Striped};
 pub use model::{ByteModel, Check};
-pub use open::{OpenOptions, open};
+pub use open::{OpenOptions, open, parse_size};
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};
 

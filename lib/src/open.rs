@@ -73,7 +73,7 @@ pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn DynBlockDevice>
             .ok_or_else(|| bad("expected sim:PROFILE:SIZE".to_owned()))?;
         let profile = Profile::parse(profile)
             .ok_or_else(|| bad("profile must be hdd-1998, hdd-modern or ssd".to_owned()))?;
-        let bytes = parse_size(size).map_err(bad)?;
+        let bytes = parse_size(size).map_err(|e| bad(e.to_string()))?;
         if bytes % 512 != 0 {
             return Err(bad("size must be whole 512-byte sectors".to_owned()));
         }
@@ -123,8 +123,26 @@ pub async fn open(spec: &str, o: &OpenOptions) -> Result<Arc<dyn DynBlockDevice>
     Ok(Arc::new(d))
 }
 
-/// A size like `4096`, `4k`, `64M` or `1G` (binary multiples).
-fn parse_size(s: &str) -> std::result::Result<u64, String> {
+/// A size in bytes as the CLI and device specs write it: `4096`, `4k`, `64M`, `1G` or `2T`
+/// (binary multiples, either case), positive and within 64 bits. The one size parser of the
+/// project: `sim:` specs, `bench --size`, `--bs` and the rest all use it.
+///
+/// ```
+/// use tagstripe::parse_size;
+/// assert_eq!(parse_size("64M")?, 64 << 20);
+/// assert_eq!(parse_size("4k")?, 4096);
+/// assert!(parse_size("0").is_err());
+/// assert!(parse_size("12Q").unwrap_err().to_string().contains("unknown size suffix"));
+/// # Ok::<(), tagstripe::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::BadSize`] for no number, an unknown suffix, zero, or a size past 64 bits.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let bad = |why: &str| Error::BadSize {
+        input: s.to_owned(),
+        why: why.to_owned(),
+    };
     let t = s.trim();
     let (num, mul) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -133,7 +151,7 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
                 'm' => 1 << 20,
                 'g' => 1 << 30,
                 't' => 1 << 40,
-                _ => return Err(format!("{s:?}: unknown size suffix (k, M, G, T)")),
+                _ => return Err(bad("unknown size suffix (use k, M, G or T)")),
             };
             (&t[..i], m)
         }
@@ -141,10 +159,10 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("{s:?}: expected a size like 256M"))?;
+        .map_err(|_| bad("expected a size like 4k or 256M"))?;
     n.checked_mul(mul)
         .filter(|&b| b > 0)
-        .ok_or_else(|| format!("{s:?}: size out of range"))
+        .ok_or_else(|| bad("a size must be positive and fit 64 bits"))
 }
 
 #[cfg(test)]
@@ -153,9 +171,10 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("4k"), Ok(4096));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("4096").ok(), Some(4096));
+        assert_eq!(parse_size("4k").ok(), Some(4096));
+        assert_eq!(parse_size("64M").ok(), Some(64 << 20));
+        assert_eq!(parse_size("1t").ok(), Some(1 << 40));
         assert!(parse_size("0").is_err());
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("99999999999T").is_err());

@@ -4,15 +4,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::layout::LayoutArgs;
 use clap::Args;
 use serde::Serialize;
 use tagstripe::scheduler::IoClass;
-use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, DynBlockDevice};
 
 use super::{build, parse_seconds, round, runtime};
+use crate::bench::load::{self, Load, Op, parse_size};
 use crate::components::{self, OpenOptions};
-use crate::load::{self, Load, Op, parse_size};
 
 /// Arguments of `tagstripe bench throughput`.
 #[derive(Debug, Args)]
@@ -89,7 +89,7 @@ pub(crate) fn throughput(a: &ThroughputArgs) -> ExitCode {
             Ok(c) => c,
             Err(e) => return crate::fail("bench throughput", "open", &e, a.json),
         };
-        let vol = match build(comps, a.interleave, Flavor::NetBsd, true) {
+        let vol = match build(comps, a.interleave, &LayoutArgs::default(), true) {
             Ok(v) => Arc::new(v) as Arc<dyn DynBlockDevice>,
             Err(e) => return crate::fail("bench throughput", "volume", &e, a.json),
         };

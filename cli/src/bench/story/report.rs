@@ -7,7 +7,7 @@ use tagstripe::scheduler::sim;
 use super::bonnie::Bonnie;
 use super::fairness::{Goals, LiveRun};
 use super::sweep::SweepRow;
-use crate::load::human;
+use crate::bench::load::human;
 
 /// What `tagstripe bench --json` prints: the phases that ran.
 #[derive(Debug, Serialize)]
@@ -82,7 +82,7 @@ pub(super) fn sweep_svg(
     let series = |f: fn(&SweepRow) -> f64| -> Vec<(u64, f64)> {
         rows.iter().map(|r| (r.bs, f(r))).collect()
     };
-    crate::plot::sweep_svg(
+    crate::bench::plot::sweep_svg(
         path,
         title,
         &[

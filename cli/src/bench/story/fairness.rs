@@ -5,14 +5,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::layout::LayoutArgs;
 use serde::Serialize;
 use tagstripe::scheduler::IoClass;
-use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, DynBlockDevice, IoOpts};
 
 use super::{Progress, TempFiles, Watched, build, round, runtime, temp_components};
+use crate::bench::load::{self, Load, Op, Outcome};
 use crate::components;
-use crate::load::{self, Load, Op, Outcome};
 
 /// One run of the live story.
 #[derive(Clone, Debug, Serialize)]
@@ -38,7 +38,7 @@ pub(super) struct Interactive {
     pub(super) slice_p99_ms: Vec<f64>,
 }
 
-/// The live story on a volume over `comps` (interleave, flavor): an interactive 4 KiB
+/// The live story on a volume over `comps` (interleave, layout): an interactive 4 KiB
 /// reader alone, then with a bulk writer of 16 × 1 MiB, fairness off (no queue) and on,
 /// `secs` each. Prints a table if `text`; returns the runs and the goals.
 ///
@@ -51,7 +51,7 @@ pub(super) struct Interactive {
 /// volume across its slices, so the controller goes on from where it was.
 pub(super) async fn live_fairness(
     comps: &[Arc<dyn DynBlockDevice>],
-    (interleave, flavor): (u64, Flavor),
+    (interleave, layout): (u64, &LayoutArgs),
     secs: Duration,
     text: bool,
     progress: &Progress,
@@ -79,7 +79,7 @@ pub(super) async fn live_fairness(
     ];
     let mut volumes = Vec::with_capacity(RUNS.len());
     for &(_, queue, _) in &RUNS {
-        volumes.push(Arc::new(build(comps.to_vec(), interleave, flavor, queue)?));
+        volumes.push(Arc::new(build(comps.to_vec(), interleave, layout, queue)?));
     }
     let mut reads = vec![Outcome::default(); RUNS.len()];
     let mut writes = vec![Outcome::default(); RUNS.len()];
@@ -431,7 +431,7 @@ const BULK_REQUEST_KIB: u64 = 1024;
 /// their split layers took (after the quirk table and the mod-15 policy), read from a volume
 /// built as the runs build theirs.
 fn max_request_kib(comps: &[Arc<dyn DynBlockDevice>], interleave: u64) -> Result<Vec<u64>, String> {
-    let v = build(comps.to_vec(), interleave, Flavor::NetBsd, false)?;
+    let v = build(comps.to_vec(), interleave, &LayoutArgs::default(), false)?;
     Ok(v.components()
         .iter()
         .map(|c| u64::from(c.info().limits.max_sectors) / 2)
@@ -500,7 +500,7 @@ pub(crate) fn fairness_live(
             let progress = Progress::new(3);
             let live = live_fairness(
                 &comps,
-                (interleave, Flavor::NetBsd),
+                (interleave, &LayoutArgs::default()),
                 Duration::from_secs_f64(secs),
                 !json,
                 &progress,

@@ -1,11 +1,20 @@
-//! `tagstripe bench`: the seed stories as benchmarks.
+//! `tagstripe bench`: the seed stories as benchmarks. The stories (`story`: the sweep, the
+//! bonnie-style summary, the live and simulated fairness runs, throughput), the soak under
+//! faults (`soak`), the load generator they share (`load`), and their reports.
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use tagstripe_scheduler::{Profile, sim};
 
-use crate::simreport::{fairness_json, fairness_table};
+mod load;
+#[cfg(feature = "extras")]
+mod plot;
+mod simreport;
+mod soak;
+mod story;
+
+use simreport::{fairness_json, fairness_table};
 
 /// Arguments of `tagstripe bench`: with no subcommand, the seed stories on a striped
 /// volume (by default over 4 temporary files).
@@ -15,7 +24,7 @@ pub(crate) struct BenchArgs {
     #[command(subcommand)]
     what: Option<BenchCommand>,
     #[command(flatten)]
-    run: crate::story::RunArgs,
+    run: story::RunArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -25,10 +34,10 @@ enum BenchCommand {
     /// maxtags2, deadline and tagstripe).
     Fairness(FairnessArgs),
     /// Throughput and latency of one workload on a striped volume.
-    Throughput(crate::story::ThroughputArgs),
+    Throughput(story::ThroughputArgs),
     /// A mixed load on every volume kind with faults injected; every acknowledged byte is
     /// checked (bytes lost must be 0).
-    Soak(crate::soak::SoakArgs),
+    Soak(soak::SoakArgs),
 }
 
 /// Arguments of `tagstripe bench fairness`.
@@ -47,7 +56,7 @@ pub(crate) struct FairnessArgs {
     #[arg(long, default_value_t = 128)]
     interleave: u64,
     /// Live run: seconds of each of its three runs.
-    #[arg(long, default_value_t = 5.0, value_parser = crate::story::parse_seconds)]
+    #[arg(long, default_value_t = 5.0, value_parser = story::parse_seconds)]
     live_seconds: f64,
     /// The simulated disk: hdd-1998, hdd-modern or ssd.
     #[arg(long, default_value = "hdd-1998", value_parser = parse_profile)]
@@ -75,16 +84,16 @@ fn parse_profile(s: &str) -> Result<Profile, String> {
 
 pub(crate) fn run(args: &BenchArgs) -> ExitCode {
     match &args.what {
-        None => crate::story::run(&args.run),
+        None => story::run(&args.run),
         Some(BenchCommand::Fairness(f)) => fairness(f),
-        Some(BenchCommand::Throughput(t)) => crate::story::throughput(t),
-        Some(BenchCommand::Soak(s)) => crate::soak::run(s),
+        Some(BenchCommand::Throughput(t)) => story::throughput(t),
+        Some(BenchCommand::Soak(s)) => soak::run(s),
     }
 }
 
 fn fairness(args: &FairnessArgs) -> ExitCode {
     if !args.sim {
-        return crate::story::fairness_live(
+        return story::fairness_live(
             &args.components,
             args.interleave,
             args.live_seconds,

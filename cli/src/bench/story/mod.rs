@@ -13,14 +13,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::layout::LayoutArgs;
 use clap::Args;
 use tagstripe::quirks::QuirkSet;
 use tagstripe::scheduler::{IoClass, Profile, sim};
-use tagstripe::striping::Flavor;
 use tagstripe::{BlockDevice, DynBlockDevice, FileOptions, IoOpts, Stats, StatsSnapshot, Volume};
 
+use crate::bench::load::{Load, Op, parse_size};
 use crate::components;
-use crate::load::{Load, Op, parse_size};
 
 pub(crate) use fairness::fairness_live;
 pub(crate) use throughput::{ThroughputArgs, throughput};
@@ -35,9 +35,8 @@ pub(crate) struct RunArgs {
     /// Interleave in sectors.
     #[arg(long, default_value_t = 128)]
     interleave: u64,
-    /// ccd / md flavor.
-    #[arg(long, default_value = "netbsd", value_parser = crate::map::parse_flavor)]
-    flavor: Flavor,
+    #[command(flatten)]
+    layout: LayoutArgs,
     /// Size of each temporary file, like 256M (default 256M; 32M with --quick).
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
@@ -195,13 +194,11 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
 fn build(
     comps: Vec<Arc<dyn DynBlockDevice>>,
     interleave: u64,
-    flavor: Flavor,
+    layout: &LayoutArgs,
     queue: bool,
 ) -> Result<Volume, String> {
-    Volume::builder(comps)
-        .name("bench")
-        .interleave(interleave)
-        .flavor(flavor)
+    layout
+        .volume(Volume::builder(comps).name("bench").interleave(interleave))
         .quirks(QuirkSet::builtin())
         .queue(queue)
         .build()
@@ -336,7 +333,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
             Err(e) => return crate::fail("bench", "open", &e, a.json),
         }
     };
-    let vol = match build(comps.clone(), a.interleave, a.flavor, true) {
+    let vol = match build(comps.clone(), a.interleave, &a.layout, true) {
         Ok(v) => Arc::new(v),
         Err(e) => return crate::fail("bench", "volume", &e, a.json),
     };
@@ -412,10 +409,10 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
         let r = sim::report(Profile::Hdd1998, seconds, 1);
         if text {
             outln!("");
-            crate::simreport::fairness_table(&r, Profile::Hdd1998, seconds, 1);
+            crate::bench::simreport::fairness_table(&r, Profile::Hdd1998, seconds, 1);
         }
         let secs = Duration::from_millis(if quick { 1500 } else { 5000 });
-        let shape = (a.interleave, a.flavor);
+        let shape = (a.interleave, &a.layout);
         let (live, goals) =
             match fairness::live_fairness(&comps, shape, secs, text, &progress, Some(&watched))
                 .await
@@ -424,7 +421,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
                 Err(e) => return crate::fail("bench", "volume", &e, a.json),
             };
         report.fairness = Some(report::Fairness {
-            sim: crate::simreport::fairness_json(&r, Profile::Hdd1998, seconds, 1),
+            sim: crate::bench::simreport::fairness_json(&r, Profile::Hdd1998, seconds, 1),
             live,
             goals,
             report: Some(r),

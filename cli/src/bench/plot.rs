@@ -31,7 +31,7 @@ pub(crate) fn sweep_svg(
         .x_desc("request size")
         .y_desc("MB/s")
         .x_labels(12)
-        .x_label_formatter(&|x| crate::load::human(1u64 << (x.round() as u32)))
+        .x_label_formatter(&|x| crate::bench::load::human(1u64 << (x.round() as u32)))
         .draw()
         .map_err(|e| e.to_string())?;
     let colors = [RED, BLUE, GREEN, MAGENTA];

@@ -8,7 +8,7 @@ use tagstripe::scheduler::IoClass;
 use tagstripe::{BlockDevice, DynBlockDevice, IoOpts};
 
 use super::{Progress, round, seq};
-use crate::load::{self, Load, Op, Outcome};
+use crate::bench::load::{self, Load, Op, Outcome};
 
 /// bonnie's figures.
 #[derive(Clone, Debug, Serialize)]

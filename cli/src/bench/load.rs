@@ -50,27 +50,9 @@ impl Op {
     }
 }
 
-/// Parses a size like `4k`, `1M`, `512` (bytes; k/m/g are powers of 1024).
+/// A size like `4k`, `1M`, `512` (bytes; binary multiples): the library's one parser.
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_lowercase() {
-                'k' => 1u64 << 10,
-                'm' => 1 << 20,
-                'g' => 1 << 30,
-                _ => return Err(format!("{s:?}: unknown unit {c:?} (use k, M or G)")),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: not a size (like 4k or 1M)"))?;
-    n.checked_mul(mult)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| format!("{s:?}: must be positive and fit 64 bits"))
+    tagstripe::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// One load's description.

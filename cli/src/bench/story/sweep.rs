@@ -8,7 +8,7 @@ use serde::Serialize;
 use tagstripe::DynBlockDevice;
 
 use super::{Progress, round, seq};
-use crate::load::{self, Op, human};
+use crate::bench::load::{self, Op, human};
 
 /// One block size of the sweep.
 #[derive(Clone, Debug, Serialize)]
