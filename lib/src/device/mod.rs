@@ -3,6 +3,144 @@
 //! ([`IoOpts`], [`Zeroes`], [`Extent`]), the object-safe [`DynBlockDevice`] for devices of
 //! different types behind one pointer, and the checks every implementation shares.
 
+/// Writes the nine I/O methods of a [`BlockDevice`] impl that hands every request on to
+/// another device, once, for every such impl (`Arc<D>`, a mirror's `Slot`, ...): the
+/// forwarding boilerplate in one place. `|self| DEV` names the device (evaluated once per
+/// request). `direct` returns the inner device's futures as they are (no state machine of
+/// its own); `async` awaits them (for a `DEV` that is a temporary, such as a guard's clone).
+macro_rules! forward_io {
+    (direct |$s:ident| $dev:expr) => {
+        fn read(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<bytes::Bytes>> + Send {
+            $dev.read(start, sectors, opts)
+        }
+        fn read_into(
+            &$s,
+            start: u64,
+            buf: &mut [u8],
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.read_into(start, buf, opts)
+        }
+        fn read_vectored_into(
+            &$s,
+            start: u64,
+            bufs: Vec<&mut [u8]>,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.read_vectored_into(start, bufs, opts)
+        }
+        fn write(
+            &$s,
+            start: u64,
+            data: bytes::Bytes,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.write(start, data, opts)
+        }
+        fn write_vectored(
+            &$s,
+            start: u64,
+            parts: Vec<bytes::Bytes>,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.write_vectored(start, parts, opts)
+        }
+        fn flush(&$s, opts: $crate::IoOpts) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.flush(opts)
+        }
+        fn discard(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.discard(start, sectors, opts)
+        }
+        fn write_zeroes(
+            &$s,
+            start: u64,
+            sectors: u64,
+            z: $crate::Zeroes,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.write_zeroes(start, sectors, z, opts)
+        }
+        fn allocation(
+            &$s,
+            start: u64,
+            sectors: u64,
+        ) -> impl Future<Output = $crate::Result<Vec<$crate::Extent>>> + Send {
+            $dev.allocation(start, sectors)
+        }
+    };
+    (async |$s:ident| $dev:expr) => {
+        async fn read(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<bytes::Bytes> {
+            $dev.read(start, sectors, opts).await
+        }
+        async fn read_into(
+            &$s,
+            start: u64,
+            buf: &mut [u8],
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<()> {
+            $dev.read_into(start, buf, opts).await
+        }
+        async fn read_vectored_into(
+            &$s,
+            start: u64,
+            bufs: Vec<&mut [u8]>,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<()> {
+            $dev.read_vectored_into(start, bufs, opts).await
+        }
+        async fn write(
+            &$s,
+            start: u64,
+            data: bytes::Bytes,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<()> {
+            $dev.write(start, data, opts).await
+        }
+        async fn write_vectored(
+            &$s,
+            start: u64,
+            parts: Vec<bytes::Bytes>,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<()> {
+            $dev.write_vectored(start, parts, opts).await
+        }
+        async fn flush(&$s, opts: $crate::IoOpts) -> $crate::Result<()> {
+            $dev.flush(opts).await
+        }
+        async fn discard(&$s, start: u64, sectors: u64, opts: $crate::IoOpts) -> $crate::Result<()> {
+            $dev.discard(start, sectors, opts).await
+        }
+        async fn write_zeroes(
+            &$s,
+            start: u64,
+            sectors: u64,
+            z: $crate::Zeroes,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<()> {
+            $dev.write_zeroes(start, sectors, z, opts).await
+        }
+        async fn allocation(&$s, start: u64, sectors: u64) -> $crate::Result<Vec<$crate::Extent>> {
+            $dev.allocation(start, sectors).await
+        }
+    };
+}
+pub(crate) use forward_io;
+
 mod checks;
 mod erased;
 mod info;

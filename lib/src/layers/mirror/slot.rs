@@ -2,9 +2,7 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
-use crate::{BlockDevice, DeviceInfo, DynBlockDevice, Extent, IoOpts, Result, Zeroes};
+use crate::{BlockDevice, DeviceInfo, DynBlockDevice};
 
 /// A component's place in a mirror with metadata: requests go to the device it holds now,
 /// and [`crate::Volume::replace`] puts another there (requests already under way finish on
@@ -37,36 +35,5 @@ impl BlockDevice for Slot {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.get().read(start, sectors, opts).await
-    }
-    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        self.get().read_into(start, buf, opts).await
-    }
-    async fn read_vectored_into(
-        &self,
-        start: u64,
-        bufs: Vec<&mut [u8]>,
-        opts: IoOpts,
-    ) -> Result<()> {
-        self.get().read_vectored_into(start, bufs, opts).await
-    }
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        self.get().write(start, data, opts).await
-    }
-    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
-        self.get().write_vectored(start, parts, opts).await
-    }
-    async fn flush(&self, opts: IoOpts) -> Result<()> {
-        self.get().flush(opts).await
-    }
-    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
-        self.get().discard(start, sectors, opts).await
-    }
-    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
-        self.get().write_zeroes(start, sectors, z, opts).await
-    }
-    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
-        self.get().allocation(start, sectors).await
-    }
+    crate::device::forward_io!(async |self| self.get());
 }

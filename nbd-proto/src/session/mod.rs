@@ -1,0 +1,872 @@
+//! The server's side of one NBD connection as a state machine with no I/O and no runtime
+//! (sans-IO, in the manner of quinn-proto and rustls): it is fed the bytes the client sent,
+//! and yields the bytes to send back and the requests ([`Op`]s) to run; the caller runs each
+//! op against the export's device and hands the outcome back with
+//! [`ServerSession::complete`]. A server's runtime glue (the `tagstripe` library's
+//! `NbdServer`) is a thin loop around it; tests and the fuzz target drive it directly.
+//!
+//! It speaks fixed-newstyle negotiation (`EXPORT_NAME`, `INFO`, `GO`, `LIST`, `ABORT`,
+//! `STRUCTURED_REPLY`, `LIST_META_CONTEXT`, `SET_META_CONTEXT`, `EXTENDED_HEADERS`) and
+//! every command (`READ`, `WRITE`, `FLUSH`, `TRIM`, `CACHE`, `WRITE_ZEROES`, `BLOCK_STATUS`,
+//! `DISC`), with simple, structured or extended replies as negotiated. Reads and writes
+//! larger than the maximum request are cut into [`Op`]s of at most that size and let
+//! out only as the connection's byte budget allows, so a request of any size streams
+//! through bounded memory.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tagstripe_nbd_proto::session::{Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig};
+//! use tagstripe_nbd_proto::proto;
+//!
+//! let catalog = Arc::new(Catalog::new().with(ExportEntry::new("disk", 64 * 512)));
+//! let mut s = ServerSession::new(catalog, SessionConfig::default());
+//! let hello = s.take_output().unwrap();
+//! assert_eq!(&hello[..8], &proto::NBDMAGIC.to_be_bytes());
+//! // The client: fixed newstyle, no zeroes, then EXPORT_NAME "disk".
+//! let mut c = (proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+//! c.extend(proto::OptionHeader { option: proto::OPT_EXPORT_NAME, length: 4 }.encode());
+//! c.extend(b"disk");
+//! c.extend(proto::Request { flags: 0, command: proto::Command::Read, handle: 7, offset: 0, length: 512 }.encode());
+//! s.receive(&c).unwrap();
+//! let _size_and_flags = s.take_output().unwrap();
+//! let op = s.poll_op().unwrap();
+//! assert_eq!((op.kind, op.offset, op.length), (OpKind::Read, 0, 512));
+//! s.complete(op.id, Ok(Outcome::Data(vec![0u8; 512].into())));
+//! let reply = s.take_output().unwrap();
+//! assert_eq!(proto::SimpleReply::parse(&reply).unwrap().handle, 7);
+//! ```
+
+mod negotiation;
+mod replies;
+mod transmission;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::proto::{
+    self, Chunk, ChunkHeader, Command, ExtendedRequest, InfoRequest, MetaContextRequest,
+    OptionHeader, Request, SimpleReply, errno,
+};
+
+/// An export's block sizes, as its device reports them (see
+/// [`ServerSession`]'s `NBD_INFO_BLOCK_SIZE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLimits {
+    /// The smallest unit of I/O, in bytes (512 or 4096 mostly).
+    pub logical_block_size: u32,
+    /// The device's physical block, in bytes.
+    pub physical_block_size: u32,
+    /// The optimal I/O size in bytes (0: none said; a stripe's width).
+    pub io_opt: u32,
+}
+
+impl Default for BlockLimits {
+    fn default() -> Self {
+        Self {
+            logical_block_size: 512,
+            physical_block_size: 512,
+            io_opt: 0,
+        }
+    }
+}
+
+/// What an export's device can do, for its transmission flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExportCaps {
+    /// A flush makes writes durable (`NBD_FLAG_SEND_FLUSH`).
+    pub flush: bool,
+    /// Forced unit access is honoured (`NBD_FLAG_SEND_FUA`, with flush).
+    pub fua: bool,
+    /// Discards are taken (`NBD_FLAG_SEND_TRIM`).
+    pub trim: bool,
+    /// A spinning disk (`NBD_FLAG_ROTATIONAL`).
+    pub rotational: bool,
+}
+
+/// Which component of a striped volume holds each part of it: what the session asks of a
+/// volume, for the `tagstripe:component` metadata context.
+pub trait ComponentLayout: Send + Sync + std::fmt::Debug {
+    /// The runs of volume sectors `[start, start + sectors)`, in order: each run's length in
+    /// sectors, the component that holds it and its mirror partner if any. `None` if the
+    /// range cannot be mapped.
+    fn component_map(&self, start: u64, sectors: u64) -> Option<Vec<(u64, usize, Option<usize>)>>;
+}
+
+/// One export as the session sees it: its name, size, block sizes and capabilities, how it
+/// is offered, and, for a striped volume, its layout for the `tagstripe:component` context.
+/// No device: the session only negotiates and validates; the runner runs the ops.
+///
+/// ```
+/// use tagstripe_nbd_proto::session::{ExportCaps, ExportEntry};
+/// let mut e = ExportEntry::new("disk", 1 << 30);
+/// e.caps = ExportCaps { flush: true, fua: true, trim: true, rotational: false };
+/// e.read_only = true;
+/// assert_eq!(e.size, 1 << 30);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ExportEntry {
+    /// The name clients ask for.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Block sizes.
+    pub limits: BlockLimits,
+    /// What the device can do.
+    pub caps: ExportCaps,
+    /// A description for `NBD_INFO_DESCRIPTION`.
+    pub description: String,
+    /// Refuse writes, zeroing and discards.
+    pub read_only: bool,
+    /// The volume's layout, for the `tagstripe:component` context.
+    pub layout: Option<Arc<dyn ComponentLayout>>,
+}
+
+impl ExportEntry {
+    /// A writable export of `size` bytes with 512-byte blocks and no capabilities.
+    #[must_use]
+    pub fn new(name: &str, size: u64) -> Self {
+        Self {
+            name: name.to_owned(),
+            size,
+            limits: BlockLimits::default(),
+            caps: ExportCaps::default(),
+            description: String::new(),
+            read_only: false,
+            layout: None,
+        }
+    }
+}
+
+/// The exports a server offers; the first added is the default (the empty name).
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    exports: BTreeMap<String, Arc<ExportEntry>>,
+    default: Option<String>,
+}
+
+impl Catalog {
+    /// No exports.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) an export.
+    #[must_use]
+    pub fn with(mut self, e: ExportEntry) -> Self {
+        self.insert(e);
+        self
+    }
+
+    /// Adds (or replaces) an export.
+    pub fn insert(&mut self, e: ExportEntry) {
+        if self.default.is_none() {
+            self.default = Some(e.name.clone());
+        }
+        self.exports.insert(e.name.clone(), Arc::new(e));
+    }
+
+    /// The export called `name` ("" is the default one).
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&Arc<ExportEntry>> {
+        let key = if name.is_empty() {
+            self.default.as_deref()?
+        } else {
+            name
+        };
+        self.exports.get(key)
+    }
+
+    /// Every export, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<ExportEntry>> {
+        self.exports.values()
+    }
+}
+
+/// Whether a connection may, or must, upgrade to TLS with `NBD_OPT_STARTTLS` (the
+/// protocol's NOTLS, SELECTIVETLS with every export offered both ways, and FORCEDTLS modes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// No TLS: `STARTTLS` gets `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// TLS if the client asks; plain connections are served too.
+    On,
+    /// Every option before TLS other than `STARTTLS` and `ABORT` gets
+    /// `NBD_REP_ERR_TLS_REQD`; no export's name, size or data is given in the clear.
+    Require,
+}
+
+/// Limits of one connection.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionConfig {
+    /// The maximum payload advertised (default 32 MiB); also the size of the pieces larger
+    /// requests are cut into.
+    pub max_request: u32,
+    /// Ops in flight at once (default 128).
+    pub max_in_flight: usize,
+    /// Bytes of request and reply data held (default 128 MiB); no new request is read
+    /// beyond it (one request's payload may finish arriving).
+    pub max_buffered: u64,
+    /// TLS: off, offered, or required (the caller does the handshake when
+    /// [`ServerSession::take_starttls`] says so).
+    pub tls: TlsPolicy,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            max_request: 32 << 20,
+            max_in_flight: 128,
+            max_buffered: 128 << 20,
+            tls: TlsPolicy::Off,
+        }
+    }
+}
+
+/// Why the session ended the connection.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The client broke the protocol; the connection must be closed.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// A read failed after its simple reply's header was sent: the protocol's only answer
+    /// is to hang up.
+    #[error(
+        "read failed after its reply began (errno {0}): disconnecting, as the protocol requires"
+    )]
+    ReplyBroken(u32),
+}
+
+/// What an op is to do. Offsets and lengths are bytes; alignment to the device's blocks is
+/// the runner's affair when no block sizes were agreed ([`Op::strict`] false).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Read; answer [`Outcome::Data`] of exactly `length` bytes.
+    Read,
+    /// Write these bytes (`length` of them).
+    Write(Bytes),
+    /// Flush.
+    Flush,
+    /// Discard (advisory).
+    Trim,
+    /// Make the range read as zeroes.
+    WriteZeroes {
+        /// May deallocate.
+        unmap: bool,
+        /// Only if fast, else fail with `ENOTSUP`.
+        fast: bool,
+    },
+    /// Prefetch (no data returned).
+    Cache,
+    /// The allocation of the range; answer [`Outcome::Extents`].
+    Allocation,
+}
+
+/// One request for the runner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Op {
+    /// Give this back to [`ServerSession::complete`].
+    pub id: u64,
+    /// What to do.
+    pub kind: OpKind,
+    /// Byte offset.
+    pub offset: u64,
+    /// Byte length.
+    pub length: u64,
+    /// Forced unit access.
+    pub fua: bool,
+    /// Block sizes were agreed: offset and length are whole logical blocks.
+    pub strict: bool,
+}
+
+/// What an op produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done, nothing to return.
+    Done,
+    /// A read's data.
+    Data(Bytes),
+    /// An allocation query's extents (in sectors, from the op's offset, covering its
+    /// range; the op's range is whole logical blocks).
+    Extents(Vec<Extent>),
+}
+
+/// A run of an export's sectors with one allocation state (`NBD_STATE_HOLE`,
+/// `NBD_STATE_ZERO`), as an allocation query answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Length in sectors (never 0).
+    pub sectors: u64,
+    /// Not allocated on the backing store (`NBD_STATE_HOLE`).
+    pub hole: bool,
+    /// Reads as zeroes (`NBD_STATE_ZERO`).
+    pub zero: bool,
+}
+
+/// A failed op: the errno to answer and a message for the client's user.
+pub type Failure = (u32, String);
+
+/// Counts of one session, for the server's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Requests read in the transmission phase.
+    pub requests: u64,
+    /// Requests answered.
+    pub replies: u64,
+    /// Requests answered with an error.
+    pub error_replies: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the client's 32-bit flags.
+    Hello,
+    Options,
+    /// `STARTTLS` was acknowledged: nothing is read until the caller has done the TLS
+    /// handshake ([`ServerSession::tls_established`]).
+    StartTls,
+    Transmission,
+    /// Nothing more is read; closes once nothing is in flight.
+    Draining,
+    Closed,
+}
+
+/// The metadata contexts a connection can select.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Context {
+    Allocation,
+    Component,
+}
+
+impl Context {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Allocation => proto::CONTEXT_BASE_ALLOCATION,
+            Self::Component => proto::CONTEXT_TAGSTRIPE_COMPONENT,
+        }
+    }
+    fn id(self) -> u32 {
+        match self {
+            Self::Allocation => 1,
+            Self::Component => 2,
+        }
+    }
+}
+
+/// A client request being answered, perhaps in several ops.
+#[derive(Debug)]
+struct Pending {
+    cookie: u64,
+    command: Command,
+    flags: u16,
+    offset: u64,
+    length: u64,
+    /// Ops of this request not yet completed.
+    open: usize,
+    /// Ops still to be let out (a large read's next piece starts at `next`).
+    next: u64,
+    /// Read pieces held for a simple reply, sent together once all are in (a simple
+    /// reply's data cannot be interleaved with other replies).
+    held: BTreeMap<u64, Bytes>,
+    /// The reply was sent already (a structured read answered in one chunk).
+    answered: bool,
+    /// The first failure.
+    failed: Option<(u64, Failure)>,
+    /// A large write's payload still to arrive.
+    to_receive: u64,
+}
+
+/// Bytes being received for a request: a write's payload, or payload to throw away.
+#[derive(Debug)]
+enum Payload {
+    /// The next `left` bytes belong to request `req` at `at`.
+    Write { req: u64, at: u64, left: u64 },
+    /// The next `left` bytes of option data are discarded, then the option is refused.
+    SkipOption { left: u64, option: u32 },
+    /// The next `left` bytes are discarded, then `error` is sent for the request.
+    Skip {
+        left: u64,
+        cookie: u64,
+        offset: u64,
+        error: u32,
+    },
+}
+
+/// The server side of one NBD connection; see the [module](self) documentation.
+#[derive(Debug)]
+pub struct ServerSession {
+    catalog: Arc<Catalog>,
+    config: SessionConfig,
+    phase: Phase,
+    input: BytesMut,
+    output: VecDeque<Bytes>,
+    small: Vec<u8>,
+    /// Bytes of payload held for each output item (returned to the budget when taken).
+    out_budget: VecDeque<u64>,
+    no_zeroes: bool,
+    structured: bool,
+    extended: bool,
+    /// Contexts selected, and the export they were selected for.
+    contexts: Vec<Context>,
+    contexts_for: Option<String>,
+    export: Option<Arc<ExportEntry>>,
+    strict: bool,
+    payload: Option<Payload>,
+    next_id: u64,
+    /// Client requests answered in parts, by internal request id.
+    requests: HashMap<u64, Pending>,
+    /// Ops in flight: op id -> (request id, offset of the piece).
+    ops: HashMap<u64, (u64, u64)>,
+    ready: VecDeque<Op>,
+    /// Requests with read pieces still to let out, in arrival order.
+    streaming: VecDeque<u64>,
+    buffered: u64,
+    stopping: bool,
+    stats: SessionStats,
+    error: Option<SessionError>,
+    /// The connection runs inside TLS.
+    tls_active: bool,
+    /// The caller is to start the TLS handshake now.
+    starttls: bool,
+}
+
+/// Option data larger than this is thrown away and refused (`NBD_REP_ERR_TOO_BIG`).
+const MAX_OPTION: u64 = 64 << 10;
+/// Runs of zeroes at least this long are sent as holes in structured read replies.
+const HOLE_MIN: usize = 64 << 10;
+/// Extents per block-status chunk at most (the protocol asks for no more than 2^20).
+const MAX_EXTENTS: usize = 1 << 16;
+/// The longest read or block-status range served on one request (larger: `EOVERFLOW`).
+const MAX_SPAN: u64 = u32::MAX as u64;
+
+impl ServerSession {
+    /// A new connection: the server's greeting is already in the output.
+    #[must_use]
+    pub fn new(catalog: Arc<Catalog>, mut config: SessionConfig) -> Self {
+        config.max_in_flight = config.max_in_flight.max(1);
+        config.max_request = (config.max_request / 4096 * 4096).max(4096);
+        config.max_buffered = config.max_buffered.max(config.max_request.into());
+        let mut s = Self {
+            catalog,
+            config,
+            phase: Phase::Hello,
+            input: BytesMut::with_capacity(64 << 10),
+            output: VecDeque::new(),
+            small: Vec::new(),
+            out_budget: VecDeque::new(),
+            no_zeroes: false,
+            structured: false,
+            extended: false,
+            contexts: Vec::new(),
+            contexts_for: None,
+            export: None,
+            strict: true,
+            payload: None,
+            next_id: 1,
+            requests: HashMap::new(),
+            ops: HashMap::new(),
+            ready: VecDeque::new(),
+            streaming: VecDeque::new(),
+            buffered: 0,
+            stopping: false,
+            stats: SessionStats::default(),
+            error: None,
+            tls_active: false,
+            starttls: false,
+        };
+        let hello = proto::Hello {
+            flags: proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES,
+        };
+        s.emit(&hello.encode());
+        s
+    }
+
+    /// The buffer the caller reads client bytes into (then calls [`process`](Self::process)).
+    pub fn input_buffer(&mut self) -> &mut BytesMut {
+        &mut self.input
+    }
+
+    /// Takes in client bytes and handles what they complete.
+    ///
+    /// # Errors
+    /// As [`process`](Self::process).
+    pub fn receive(&mut self, data: &[u8]) -> Result<(), SessionError> {
+        self.input.extend_from_slice(data);
+        self.process()
+    }
+
+    /// Handles what the bytes in the input buffer complete: negotiation, requests, payload.
+    /// Stops at the in-flight and byte limits (it continues when ops complete).
+    ///
+    /// # Errors
+    /// [`SessionError`] when the client broke the protocol: the connection is over (send
+    /// what [`take_output`](Self::take_output) still gives, then close).
+    pub fn process(&mut self) -> Result<(), SessionError> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let r = self.process_inner();
+        if let Err(e) = &r {
+            self.error = Some(e.clone());
+            self.phase = Phase::Closed;
+            self.input.clear();
+        }
+        r
+    }
+
+    /// The client closed its side: nothing more will arrive. What is in flight is still
+    /// answered.
+    pub fn end_of_input(&mut self) {
+        if self.phase != Phase::Closed {
+            self.phase = Phase::Draining;
+        }
+        self.payload = None;
+        self.input.clear();
+    }
+
+    /// Stop reading requests (a shutdown); those already read are answered.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+        if matches!(self.phase, Phase::Hello | Phase::Options | Phase::StartTls) {
+            self.phase = Phase::Closed;
+        } else if self.phase == Phase::Transmission && self.payload.is_none() {
+            self.phase = Phase::Draining;
+        }
+    }
+
+    /// True once, when the client's `STARTTLS` was acknowledged: send what
+    /// [`take_output`](Self::take_output) gives (the acknowledgement), then run the TLS
+    /// handshake on the connection and call [`tls_established`](Self::tls_established);
+    /// if the handshake fails, close.
+    pub fn take_starttls(&mut self) -> bool {
+        std::mem::take(&mut self.starttls)
+    }
+
+    /// The TLS handshake succeeded: negotiation starts again inside TLS.
+    ///
+    /// # Errors
+    /// [`SessionError::Protocol`] if the client sent bytes in the clear after `STARTTLS`
+    /// (they would have been the handshake's).
+    pub fn tls_established(&mut self) -> Result<(), SessionError> {
+        if !self.input.is_empty() {
+            let e = SessionError::Protocol("data in the clear after STARTTLS".to_owned());
+            self.error = Some(e.clone());
+            self.phase = Phase::Closed;
+            return Err(e);
+        }
+        self.tls_active = true;
+        if self.phase == Phase::StartTls {
+            self.phase = Phase::Options;
+        }
+        Ok(())
+    }
+
+    /// Whether the connection runs inside TLS.
+    #[must_use]
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
+    }
+
+    /// Whether the caller should read more client bytes now.
+    #[must_use]
+    pub fn wants_input(&self) -> bool {
+        match self.phase {
+            Phase::Hello | Phase::Options => true,
+            Phase::Transmission => {
+                self.payload.is_some()
+                    || (self.ops.len() < self.config.max_in_flight
+                        && self.buffered < self.config.max_buffered
+                        && self.streaming.is_empty())
+            }
+            Phase::StartTls | Phase::Draining | Phase::Closed => false,
+        }
+    }
+
+    /// Still negotiating (the caller bounds this with a timeout).
+    #[must_use]
+    pub fn negotiating(&self) -> bool {
+        matches!(self.phase, Phase::Hello | Phase::Options | Phase::StartTls)
+    }
+
+    /// In the transmission phase (or past it).
+    #[must_use]
+    pub fn transmitting(&self) -> bool {
+        self.export.is_some()
+    }
+
+    /// The export chosen, once in transmission.
+    #[must_use]
+    pub fn export(&self) -> Option<&Arc<ExportEntry>> {
+        self.export.as_ref()
+    }
+
+    /// The connection is over: nothing in flight, nothing more to read. Send what
+    /// [`take_output`](Self::take_output) gives, then close.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Draining | Phase::Closed) && self.ops.is_empty()
+    }
+
+    /// Ops handed out and not yet completed.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The error that ended the connection, if one did.
+    #[must_use]
+    pub fn error(&self) -> Option<&SessionError> {
+        self.error.as_ref()
+    }
+
+    /// What the session has counted.
+    #[must_use]
+    pub fn stats(&self) -> SessionStats {
+        self.stats
+    }
+
+    /// The next bytes to send, if any. Bytes taken count as sent: their data leaves the
+    /// connection's byte budget.
+    pub fn take_output(&mut self) -> Option<Bytes> {
+        if !self.small.is_empty() {
+            self.seal();
+        }
+        let b = self.output.pop_front()?;
+        let held = self.out_budget.pop_front().unwrap_or(0);
+        if held > 0 {
+            self.buffered = self.buffered.saturating_sub(held);
+            self.release_streams();
+            // Budget came free: requests already received may go on (an error here ends
+            // the session, as `error()` and `is_finished()` then say).
+            let _ = self.process();
+        }
+        Some(b)
+    }
+
+    /// The next op to run, if any.
+    pub fn poll_op(&mut self) -> Option<Op> {
+        self.release_streams();
+        self.ready.pop_front()
+    }
+
+    /// The outcome of op `id`. Unknown ids are ignored.
+    pub fn complete(&mut self, id: u64, result: Result<Outcome, Failure>) {
+        let Some((req, at)) = self.ops.remove(&id) else {
+            return;
+        };
+        let Some(mut p) = self.requests.remove(&req) else {
+            return;
+        };
+        p.open -= 1;
+        match p.command {
+            Command::Write => {
+                self.buffered = self.buffered.saturating_sub(self.piece_len(&p, at));
+            }
+            Command::Read => {
+                // The piece's bytes stay in the budget until they are sent.
+                let len = self.piece_len(&p, at);
+                match result {
+                    Ok(Outcome::Data(d)) if d.len() as u64 == len => {
+                        self.read_piece(&mut p, at, d);
+                    }
+                    Ok(_) => {
+                        self.buffered = self.buffered.saturating_sub(len);
+                        let msg = "the device returned a read of the wrong length".to_owned();
+                        p.failed.get_or_insert((at, (errno::EIO, msg)));
+                    }
+                    Err(f) => {
+                        self.buffered = self.buffered.saturating_sub(len);
+                        p.failed.get_or_insert((at, f));
+                    }
+                }
+                self.finish_or_keep(req, p);
+                let _ = self.process();
+                return;
+            }
+            _ => {}
+        }
+        match result {
+            Ok(Outcome::Extents(ext)) if p.command == Command::BlockStatus => {
+                self.block_status_reply(&p, Some(ext));
+                self.count_reply(false);
+                let _ = self.process();
+                return;
+            }
+            Ok(_) if p.command == Command::BlockStatus => {
+                let msg = "the device gave no extents".to_owned();
+                p.failed.get_or_insert((at, (errno::EIO, msg)));
+            }
+            Ok(_) => {}
+            Err(f) => {
+                p.failed.get_or_insert((at, f));
+            }
+        }
+        self.finish_or_keep(req, p);
+        let _ = self.process();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replies::zero_runs;
+    use super::*;
+
+    fn session(tls: TlsPolicy) -> ServerSession {
+        let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 64 * 512)));
+        let mut s = ServerSession::new(
+            catalog,
+            SessionConfig {
+                tls,
+                ..SessionConfig::default()
+            },
+        );
+        assert_eq!(s.take_output().unwrap().len(), proto::Hello::LEN);
+        s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+            .unwrap();
+        s
+    }
+
+    fn option(s: &mut ServerSession, option: u32, data: &[u8]) -> Vec<u32> {
+        let h = OptionHeader {
+            option,
+            length: data.len() as u32,
+        };
+        let mut b = h.encode().to_vec();
+        b.extend_from_slice(data);
+        let _ = s.receive(&b);
+        let mut out = Vec::new();
+        while let Some(o) = s.take_output() {
+            out.extend_from_slice(&o);
+        }
+        let mut kinds = Vec::new();
+        let mut at = 0;
+        while at + proto::OptionReply::LEN <= out.len() {
+            let r = proto::OptionReply::parse(&out[at..]).unwrap();
+            kinds.push(r.reply);
+            at += proto::OptionReply::LEN + r.length as usize;
+        }
+        kinds
+    }
+
+    fn go_data() -> Vec<u8> {
+        InfoRequest {
+            name: "vol".to_owned(),
+            requests: vec![],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn tls_required_answers_nothing_but_starttls_in_the_clear() {
+        let mut s = session(TlsPolicy::Require);
+        assert_eq!(
+            option(&mut s, proto::OPT_LIST, &[]),
+            [proto::REP_ERR_TLS_REQD]
+        );
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()),
+            [proto::REP_ERR_TLS_REQD]
+        );
+        assert!(!s.transmitting());
+        assert_eq!(
+            option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
+            [proto::REP_ERR_TLS_REQD]
+        );
+        assert_eq!(option(&mut s, proto::OPT_STARTTLS, &[]), [proto::REP_ACK]);
+        assert!(s.take_starttls() && !s.wants_input());
+        s.tls_established().unwrap();
+        assert!(s.tls_active());
+        assert_eq!(
+            option(&mut s, proto::OPT_STARTTLS, &[]),
+            [proto::REP_ERR_INVALID]
+        );
+        let kinds = option(&mut s, proto::OPT_GO, &go_data());
+        assert_eq!(kinds.last(), Some(&proto::REP_ACK));
+        assert!(s.transmitting());
+    }
+
+    #[test]
+    fn tls_required_closes_a_plain_export_name() {
+        let mut s = session(TlsPolicy::Require);
+        let h = OptionHeader {
+            option: proto::OPT_EXPORT_NAME,
+            length: 3,
+        };
+        let mut b = h.encode().to_vec();
+        b.extend_from_slice(b"vol");
+        assert!(s.receive(&b).is_err());
+        assert!(s.take_output().is_none() && !s.transmitting());
+    }
+
+    #[test]
+    fn tls_on_serves_plain_clients_and_forgets_clear_negotiation() {
+        let mut s = session(TlsPolicy::On);
+        assert_eq!(
+            option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
+            [proto::REP_ACK]
+        );
+        assert_eq!(option(&mut s, proto::OPT_STARTTLS, &[]), [proto::REP_ACK]);
+        assert!(s.take_starttls());
+        // Plain bytes where the handshake should be: refused.
+        s.input_buffer().extend_from_slice(b"junk");
+        assert!(s.tls_established().is_err());
+        // A plain client on the same policy is served.
+        let mut p = session(TlsPolicy::On);
+        let kinds = option(&mut p, proto::OPT_GO, &go_data());
+        assert_eq!(kinds.last(), Some(&proto::REP_ACK));
+        assert!(p.transmitting() && !p.tls_active());
+        // Off: STARTTLS is unsupported.
+        let mut o = session(TlsPolicy::Off);
+        assert_eq!(
+            option(&mut o, proto::OPT_STARTTLS, &[]),
+            [proto::REP_ERR_UNSUP]
+        );
+    }
+
+    /// A flush whose header carries an offset and length that would overflow when added
+    /// (they must be zero, and are not checked for a command without a range) is served,
+    /// with no range passed on: found by the `nbd_tls` fuzz target.
+    #[test]
+    fn a_flush_with_garbage_offset_and_length_is_served() {
+        let mut s = session(TlsPolicy::Off);
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()).last(),
+            Some(&proto::REP_ACK)
+        );
+        let r = Request {
+            flags: 0,
+            command: Command::Flush,
+            handle: 9,
+            offset: u64::MAX - 3,
+            length: u32::MAX,
+        };
+        s.receive(&r.encode()).unwrap();
+        let op = s.poll_op().expect("the flush is passed on");
+        assert_eq!(
+            (op.kind.clone(), op.offset, op.length),
+            (OpKind::Flush, 0, 0)
+        );
+        s.complete(op.id, Ok(Outcome::Done));
+        let mut out = Vec::new();
+        while let Some(o) = s.take_output() {
+            out.extend_from_slice(&o);
+        }
+        let reply = SimpleReply::parse(&out).unwrap();
+        assert_eq!((reply.error, reply.handle), (0, 9));
+    }
+
+    #[test]
+    fn zero_runs_finds_long_aligned_runs_only() {
+        let mut d = vec![1u8; 256 << 10];
+        d[64 << 10..192 << 10].fill(0);
+        assert_eq!(zero_runs(&d), [(64 << 10, 192 << 10)]);
+        let mut short = vec![1u8; 256 << 10];
+        short[4096..8192].fill(0);
+        assert!(zero_runs(&short).is_empty());
+        assert_eq!(zero_runs(&vec![0u8; 100 << 10]), [(0, 100 << 10)]);
+    }
+}
