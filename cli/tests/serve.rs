@@ -13,7 +13,9 @@ mod peers;
 use peers::{Peer, have, qemu_nbd, scratch};
 #[path = "common/serve.rs"]
 mod serve;
-use serve::{Serve, have_python_libnbd, make_files, qemu_io, run, through_map};
+use serve::{
+    Serve, blank, have_python_libnbd, make_files, python_libnbd, qemu_io, run, through_map,
+};
 
 #[test]
 fn qemu_io_and_qemu_img_against_serve() {
@@ -320,18 +322,9 @@ assert h.pread(65536, 1 << 20) == b"\xab" * 65536
 h.pwrite(b"\xcd" * 4096, 0)
 h.flush()
 h.shutdown()
-print("libnbd ok")
+print("ok")
 "#;
-    let out = Command::new("/usr/bin/python3")
-        .args(["-c", script, bin, img.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("libnbd ok"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_libnbd(script, &[bin, img.to_str().unwrap()]);
     let raw = std::fs::read(&img).unwrap();
     assert!(raw[..4096].iter().all(|&b| b == 0xcd));
     assert!(raw[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0xab));
@@ -708,12 +701,9 @@ fn read_only_mirror_over_files_writes_nothing() {
         return;
     }
     let dir = scratch("ro-mirror-files");
-    let files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("m{i}.img"))).collect();
-    for f in &files {
-        std::fs::File::create(f)
-            .and_then(|h| h.set_len(8 << 20))
-            .unwrap();
-    }
+    let files: Vec<PathBuf> = (0..2)
+        .map(|i| blank(&dir, &format!("m{i}.img"), 8 << 20))
+        .collect();
     let paths: Vec<&str> = files.iter().map(|p| p.to_str().unwrap()).collect();
     let args = make_clean_mirror(&paths);
     let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
@@ -737,12 +727,9 @@ fn read_only_mirror_over_writable_nbd_exports_writes_nothing() {
         return;
     }
     let dir = scratch("ro-mirror-nbd");
-    let files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("m{i}.img"))).collect();
-    for f in &files {
-        std::fs::File::create(f)
-            .and_then(|h| h.set_len(8 << 20))
-            .unwrap();
-    }
+    let files: Vec<PathBuf> = (0..2)
+        .map(|i| blank(&dir, &format!("m{i}.img"), 8 << 20))
+        .collect();
     let kits: Vec<Peer> = files
         .iter()
         .map(|f| peers::nbdkit(&["file", f.to_str().unwrap()]))
@@ -766,23 +753,6 @@ fn read_only_mirror_over_writable_nbd_exports_writes_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Runs a Python script against libnbd's bindings with `args`; panics with its output
-/// unless it prints `ok` and succeeds.
-fn python_libnbd(script: &str, args: &[&str]) {
-    let out = Command::new("/usr/bin/python3")
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().any(|l| l == "ok"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A write larger than the agreed maximum payload, sent by libnbd with strict mode off: it
 /// is refused with EINVAL, its payload read and dropped, and the connection goes on serving
 /// (as nbdkit does), with and without extended headers.
@@ -792,10 +762,7 @@ fn an_oversize_write_is_refused_and_the_connection_serves_on() {
         return;
     }
     let dir = scratch("oversize");
-    let img = dir.join("disk.img");
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(96 << 20))
-        .unwrap();
+    let img = blank(&dir, "disk.img", 96 << 20);
     let sock = dir.join("s.sock");
     let s = Serve::start_export(
         &format!("unix:{}", sock.display()),
@@ -846,10 +813,7 @@ fn serve_on_a_socket_passed_as_standard_input() {
         return;
     }
     let dir = scratch("inetd");
-    let img = dir.join("disk.img");
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(16 << 20))
-        .unwrap();
+    let img = blank(&dir, "disk.img", 16 << 20);
     let bin = env!("CARGO_BIN_EXE_tagstripe");
     let script = r#"
 import socket, subprocess, sys, nbd
@@ -880,10 +844,7 @@ print("ok")
 #[test]
 fn a_flood_of_silent_connections_does_not_lock_a_client_out() {
     let dir = scratch("flood");
-    let img = dir.join("disk.img");
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(1 << 20))
-        .unwrap();
+    let img = blank(&dir, "disk.img", 1 << 20);
     let sock = dir.join("s.sock");
     let s = Serve::start_export(
         &format!("unix:{}", sock.display()),

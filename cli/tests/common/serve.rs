@@ -184,6 +184,32 @@ pub fn qemu_io(url: &str, cmds: &[String]) -> String {
     text
 }
 
+/// A new sparse file `name` of `bytes` in `dir`; its path.
+pub fn blank(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(bytes))
+        .unwrap();
+    path
+}
+
+/// Runs a Python script against libnbd's bindings (`/usr/bin/python3`) with `args`; panics
+/// with its output unless it prints a line `ok` and succeeds.
+pub fn python_libnbd(script: &str, args: &[&str]) {
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Whether `/usr/bin/python3` has libnbd's bindings (Debian's python3-libnbd).
 pub fn have_python_libnbd() -> bool {
     let ok = Command::new("/usr/bin/python3")
