@@ -158,6 +158,44 @@ pub enum Error {
         /// Length in sectors.
         count: u64,
     },
+    /// An md RAID level this crate does not lay out.
+    #[error("md level {level} is not laid out here (raid5, raid6 and raid10 are)")]
+    InvalidLevel {
+        /// The level given.
+        level: u32,
+    },
+    /// An md chunk that is not a power of two of at least one 4 KiB page.
+    #[error("{level}: a chunk of {chunk} sectors; md needs a power of two of at least 8 sectors")]
+    InvalidChunk {
+        /// The level.
+        level: &'static str,
+        /// The chunk in sectors.
+        chunk: u64,
+    },
+    /// Fewer members than the level needs.
+    #[error("{level} needs at least {min} members, got {disks}")]
+    TooFewDisks {
+        /// The level.
+        level: &'static str,
+        /// Members given.
+        disks: usize,
+        /// The least it takes.
+        min: usize,
+    },
+    /// A layout the level does not have (or md does not define).
+    #[error("{level} has no layout {layout:?}")]
+    LayoutUnsupported {
+        /// The level.
+        level: &'static str,
+        /// The layout asked for.
+        layout: String,
+    },
+    /// Members too small for one chunk of data.
+    #[error("members hold less than one {chunk}-sector chunk of data")]
+    MemberTooSmall {
+        /// The chunk in sectors.
+        chunk: u64,
+    },
     /// A request that reaches past the end of the volume: nothing is mapped.
     #[error("request at sector {start} of {count} sectors ends past the volume end {total}")]
     PastEnd {
@@ -215,6 +253,11 @@ impl Error {
             Self::Overflow { .. } => "overflow",
             Self::RequestOverflow { .. } => "request_overflow",
             Self::PastEnd { .. } => "past_end",
+            Self::InvalidLevel { .. } => "invalid_level",
+            Self::InvalidChunk { .. } => "invalid_chunk",
+            Self::TooFewDisks { .. } => "too_few_disks",
+            Self::LayoutUnsupported { .. } => "layout_unsupported",
+            Self::MemberTooSmall { .. } => "member_too_small",
         }
     }
 }

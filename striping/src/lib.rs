@@ -45,6 +45,7 @@
 mod error;
 mod geometry;
 mod map;
+pub mod md;
 mod mirror;
 mod render;
 pub mod superblock;

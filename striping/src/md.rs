@@ -1,0 +1,847 @@
+//! Linux md's parity and mirrored-stripe layouts: raid5 and raid6 as `raid5_compute_sector`
+//! lays them out (every layout mdadm names, P and Q per stripe), and raid10's near, far and
+//! offset copies as `__raid10_find_phys` places them, with md's array sizes. Pure arithmetic,
+//! written from the kernel's `drivers/md/raid5.c` and `drivers/md/raid10.c`; the inverse
+//! maps (`compute_blocknr`, `raid10_find_virt`) too, so a member's sector can be named.
+//!
+//! All sizes are 512-byte sectors; a member's sectors are counted from md's data offset.
+//!
+//! ```
+//! use tagstripe_striping::md::{Parity, ParityLayout};
+//! // Four disks, 64 KiB chunks, left-symmetric (mdadm's default).
+//! let a = Parity::new(5, ParityLayout::LeftSymmetric, 4, 128, 1 << 20)?;
+//! assert_eq!(a.total_sectors(), 3 << 20);
+//! let p = a.locate(3 * 128).unwrap(); // the fourth chunk: stripe 1's first data chunk
+//! assert_eq!((p.comp, p.cblk, p.p_comp), (3, 128, 2));
+//! assert_eq!(a.volume_sector(p.comp, p.cblk), Some(3 * 128));
+//! # Ok::<(), tagstripe_striping::Error>(())
+//! ```
+
+use crate::Error;
+
+/// md's raid5 / raid6 layouts (`ALGORITHM_*` in `drivers/md/raid5.h`), by mdadm's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParityLayout {
+    /// `left-asymmetric` (0): parity from the last disk leftwards, data in disk order.
+    LeftAsymmetric,
+    /// `right-asymmetric` (1): parity from the first disk rightwards, data in disk order.
+    RightAsymmetric,
+    /// `left-symmetric` (2, mdadm's default): parity leftwards, data starting after it.
+    LeftSymmetric,
+    /// `right-symmetric` (3): parity rightwards, data starting after it.
+    RightSymmetric,
+    /// `parity-first` (4): P (and raid6's Q) on the first disks.
+    ParityFirst,
+    /// `parity-last` (5): P (and Q) on the last disks.
+    ParityLast,
+    /// `left-asymmetric-6` (16, raid6): raid5's left-asymmetric with Q on the last disk.
+    LeftAsymmetric6,
+    /// `right-asymmetric-6` (17, raid6).
+    RightAsymmetric6,
+    /// `left-symmetric-6` (18, raid6).
+    LeftSymmetric6,
+    /// `right-symmetric-6` (19, raid6).
+    RightSymmetric6,
+    /// `parity-first-6` (20, raid6).
+    ParityFirst6,
+}
+
+impl ParityLayout {
+    /// Every layout, in md's numbering order.
+    pub const ALL: [Self; 11] = [
+        Self::LeftAsymmetric,
+        Self::RightAsymmetric,
+        Self::LeftSymmetric,
+        Self::RightSymmetric,
+        Self::ParityFirst,
+        Self::ParityLast,
+        Self::LeftAsymmetric6,
+        Self::RightAsymmetric6,
+        Self::LeftSymmetric6,
+        Self::RightSymmetric6,
+        Self::ParityFirst6,
+    ];
+
+    /// mdadm's name (`--layout`).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LeftAsymmetric => "left-asymmetric",
+            Self::RightAsymmetric => "right-asymmetric",
+            Self::LeftSymmetric => "left-symmetric",
+            Self::RightSymmetric => "right-symmetric",
+            Self::ParityFirst => "parity-first",
+            Self::ParityLast => "parity-last",
+            Self::LeftAsymmetric6 => "left-asymmetric-6",
+            Self::RightAsymmetric6 => "right-asymmetric-6",
+            Self::LeftSymmetric6 => "left-symmetric-6",
+            Self::RightSymmetric6 => "right-symmetric-6",
+            Self::ParityFirst6 => "parity-first-6",
+        }
+    }
+
+    /// md's algorithm number (the superblock's `layout` field).
+    #[must_use]
+    pub fn md_algorithm(self) -> u32 {
+        match self {
+            Self::LeftAsymmetric => 0,
+            Self::RightAsymmetric => 1,
+            Self::LeftSymmetric => 2,
+            Self::RightSymmetric => 3,
+            Self::ParityFirst => 4,
+            Self::ParityLast => 5,
+            Self::LeftAsymmetric6 => 16,
+            Self::RightAsymmetric6 => 17,
+            Self::LeftSymmetric6 => 18,
+            Self::RightSymmetric6 => 19,
+            Self::ParityFirst6 => 20,
+        }
+    }
+
+    /// The layout md's algorithm number names, if it is one of these.
+    #[must_use]
+    pub fn from_md(algorithm: u32) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|l| l.md_algorithm() == algorithm)
+    }
+
+    /// Whether only raid6 has it (the `-6` layouts).
+    #[must_use]
+    pub fn raid6_only(self) -> bool {
+        self.md_algorithm() >= 16
+    }
+}
+
+impl std::str::FromStr for ParityLayout {
+    type Err = Error;
+
+    /// mdadm's names, and its short forms `la`, `ra`, `ls`, `rs`.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let short = match s {
+            "la" => Some(Self::LeftAsymmetric),
+            "ra" => Some(Self::RightAsymmetric),
+            "ls" => Some(Self::LeftSymmetric),
+            "rs" => Some(Self::RightSymmetric),
+            _ => None,
+        };
+        short
+            .or_else(|| Self::ALL.into_iter().find(|l| l.name() == s))
+            .ok_or_else(|| Error::LayoutUnsupported {
+                level: "raid5/raid6",
+                layout: s.to_owned(),
+            })
+    }
+}
+
+/// Checks an md chunk: a power of two of at least one 4 KiB page, as md requires.
+fn check_chunk(level: &'static str, chunk: u64) -> Result<u32, Error> {
+    if chunk < 8 || !chunk.is_power_of_two() {
+        return Err(Error::InvalidChunk { level, chunk });
+    }
+    Ok(chunk.trailing_zeros())
+}
+
+/// A raid5 or raid6 array's geometry: which member holds each data chunk, and P and Q.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parity {
+    level: u8,
+    layout: ParityLayout,
+    disks: usize,
+    chunk: u64,
+    member_sectors: u64,
+}
+
+/// One run of a raid5/raid6 request inside one chunk: where its data is, and the stripe's
+/// parity at the same member sector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParityPiece {
+    /// Volume sector.
+    pub lblk: u64,
+    /// Sectors (never crossing a chunk).
+    pub count: u64,
+    /// The member holding the data.
+    pub comp: usize,
+    /// The sector on it (from the data offset).
+    pub cblk: u64,
+    /// The member holding the stripe's P, at the same `cblk`.
+    pub p_comp: usize,
+    /// raid6: the member holding Q, at the same `cblk`.
+    pub q_comp: Option<usize>,
+    /// The stripe (md's `stripe`: chunk row).
+    pub stripe: u64,
+    /// The data chunk's index within the stripe (md's `dd_idx` before placement).
+    pub data_index: usize,
+}
+
+/// Where one stripe's chunks are: P, Q (raid6) and each data index's member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripeMap {
+    /// The member holding P.
+    pub p: usize,
+    /// raid6: the member holding Q.
+    pub q: Option<usize>,
+    /// `data[i]`: the member holding data index `i`.
+    pub data: Vec<usize>,
+}
+
+impl Parity {
+    /// A raid5 (`level` 5) or raid6 (6) array of `disks` members with `chunk`-sector chunks
+    /// and `member_sectors` usable on each (after md's data offset; rounded down to whole
+    /// chunks, as md does).
+    ///
+    /// # Errors
+    /// [`Error::InvalidLevel`], [`Error::InvalidChunk`] (md wants a power of two of at
+    /// least 8 sectors), [`Error::TooFewDisks`] (raid5 2, raid6 4),
+    /// [`Error::LayoutUnsupported`] (a `-6` layout on raid5), [`Error::MemberTooSmall`].
+    pub fn new(
+        level: u8,
+        layout: ParityLayout,
+        disks: usize,
+        chunk: u64,
+        member_sectors: u64,
+    ) -> Result<Self, Error> {
+        let name = match level {
+            5 => "raid5",
+            6 => "raid6",
+            _ => {
+                return Err(Error::InvalidLevel {
+                    level: level.into(),
+                });
+            }
+        };
+        check_chunk(name, chunk)?;
+        let min = if level == 5 { 2 } else { 4 };
+        if disks < min {
+            return Err(Error::TooFewDisks {
+                level: name,
+                disks,
+                min,
+            });
+        }
+        if level == 5 && layout.raid6_only() {
+            return Err(Error::LayoutUnsupported {
+                level: name,
+                layout: layout.name().to_owned(),
+            });
+        }
+        let member_sectors = member_sectors / chunk * chunk;
+        if member_sectors == 0 {
+            return Err(Error::MemberTooSmall { chunk });
+        }
+        Ok(Self {
+            level,
+            layout,
+            disks,
+            chunk,
+            member_sectors,
+        })
+    }
+
+    /// 5 or 6.
+    #[must_use]
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    /// The layout.
+    #[must_use]
+    pub fn layout(&self) -> ParityLayout {
+        self.layout
+    }
+
+    /// Members.
+    #[must_use]
+    pub fn disks(&self) -> usize {
+        self.disks
+    }
+
+    /// Chunk in sectors.
+    #[must_use]
+    pub fn chunk(&self) -> u64 {
+        self.chunk
+    }
+
+    /// Each member's usable sectors (whole chunks).
+    #[must_use]
+    pub fn member_sectors(&self) -> u64 {
+        self.member_sectors
+    }
+
+    /// Members that hold data in each stripe (`disks` less one or two).
+    #[must_use]
+    pub fn data_disks(&self) -> usize {
+        self.disks - usize::from(self.level - 4)
+    }
+
+    /// The array's size, as md's `raid5_size`: each member's whole chunks times the data
+    /// members.
+    #[must_use]
+    pub fn total_sectors(&self) -> u64 {
+        self.member_sectors * self.data_disks() as u64
+    }
+
+    /// Stripes (chunk rows).
+    #[must_use]
+    pub fn stripes(&self) -> u64 {
+        self.member_sectors / self.chunk
+    }
+
+    /// P, Q and the data members of stripe `stripe`, and the member of data index
+    /// `dd_idx`: `raid5_compute_sector`'s placement.
+    fn place(&self, stripe: u64, dd_idx: usize) -> (usize, Option<usize>, usize) {
+        use ParityLayout as L;
+        let n = self.disks;
+        let data = self.data_disks();
+        let mut dd = dd_idx;
+        let rot = |m: usize| (stripe % m as u64) as usize;
+        if self.level == 5 {
+            let pd = match self.layout {
+                L::LeftAsymmetric => {
+                    let pd = data - rot(n);
+                    if dd >= pd {
+                        dd += 1;
+                    }
+                    pd
+                }
+                L::RightAsymmetric => {
+                    let pd = rot(n);
+                    if dd >= pd {
+                        dd += 1;
+                    }
+                    pd
+                }
+                L::LeftSymmetric => {
+                    let pd = data - rot(n);
+                    dd = (pd + 1 + dd) % n;
+                    pd
+                }
+                L::RightSymmetric => {
+                    let pd = rot(n);
+                    dd = (pd + 1 + dd) % n;
+                    pd
+                }
+                L::ParityFirst => {
+                    dd += 1;
+                    0
+                }
+                // The -6 layouts are refused for raid5 at construction.
+                _ => data,
+            };
+            return (pd, None, dd);
+        }
+        let (pd, qd) = match self.layout {
+            L::LeftAsymmetric | L::RightAsymmetric => {
+                let pd = if self.layout == L::LeftAsymmetric {
+                    n - 1 - rot(n)
+                } else {
+                    rot(n)
+                };
+                let qd = if pd == n - 1 {
+                    dd += 1; // Q D D D P
+                    0
+                } else {
+                    if dd >= pd {
+                        dd += 2; // D D P Q D
+                    }
+                    pd + 1
+                };
+                (pd, qd)
+            }
+            L::LeftSymmetric | L::RightSymmetric => {
+                let pd = if self.layout == L::LeftSymmetric {
+                    n - 1 - rot(n)
+                } else {
+                    rot(n)
+                };
+                dd = (pd + 2 + dd) % n;
+                (pd, (pd + 1) % n)
+            }
+            L::ParityFirst => {
+                dd += 2;
+                (0, 1)
+            }
+            L::ParityLast => (data, data + 1),
+            L::LeftAsymmetric6 | L::RightAsymmetric6 => {
+                let pd = if self.layout == L::LeftAsymmetric6 {
+                    data - rot(n - 1)
+                } else {
+                    rot(n - 1)
+                };
+                if dd >= pd {
+                    dd += 1;
+                }
+                (pd, n - 1)
+            }
+            L::LeftSymmetric6 | L::RightSymmetric6 => {
+                let pd = if self.layout == L::LeftSymmetric6 {
+                    data - rot(n - 1)
+                } else {
+                    rot(n - 1)
+                };
+                dd = (pd + 1 + dd) % (n - 1);
+                (pd, n - 1)
+            }
+            L::ParityFirst6 => {
+                dd += 1;
+                (0, n - 1)
+            }
+        };
+        (pd, Some(qd), dd)
+    }
+
+    /// Where stripe `stripe`'s chunks are.
+    ///
+    /// ```
+    /// use tagstripe_striping::md::{Parity, ParityLayout};
+    /// let a = Parity::new(6, ParityLayout::LeftSymmetric, 5, 8, 64)?;
+    /// let s = a.stripe(0);
+    /// assert_eq!((s.p, s.q, s.data), (4, Some(0), vec![1, 2, 3]));
+    /// # Ok::<(), tagstripe_striping::Error>(())
+    /// ```
+    #[must_use]
+    pub fn stripe(&self, stripe: u64) -> StripeMap {
+        let (p, q, _) = self.place(stripe, 0);
+        let data = (0..self.data_disks())
+            .map(|i| self.place(stripe, i).2)
+            .collect();
+        StripeMap { p, q, data }
+    }
+
+    /// The piece holding volume sector `lblk`, to the end of its chunk; `None` past the end.
+    #[must_use]
+    pub fn locate(&self, lblk: u64) -> Option<ParityPiece> {
+        if lblk >= self.total_sectors() {
+            return None;
+        }
+        let (chunk_number, offset) = (lblk / self.chunk, lblk % self.chunk);
+        let data = self.data_disks() as u64;
+        let (stripe, dd_idx) = (chunk_number / data, (chunk_number % data) as usize);
+        let (p, q, comp) = self.place(stripe, dd_idx);
+        Some(ParityPiece {
+            lblk,
+            count: self.chunk - offset,
+            comp,
+            cblk: stripe * self.chunk + offset,
+            p_comp: p,
+            q_comp: q,
+            stripe,
+            data_index: dd_idx,
+        })
+    }
+
+    /// The pieces of `[start, start + count)`, one per chunk it touches.
+    ///
+    /// # Errors
+    /// [`Error::RequestOverflow`], [`Error::PastEnd`] for a request not wholly inside.
+    pub fn map(&self, start: u64, count: u64) -> Result<Vec<ParityPiece>, Error> {
+        let end = start
+            .checked_add(count)
+            .ok_or(Error::RequestOverflow { start, count })?;
+        if end > self.total_sectors() {
+            return Err(Error::PastEnd {
+                start,
+                count,
+                total: self.total_sectors(),
+            });
+        }
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end {
+            let Some(mut p) = self.locate(at) else { break };
+            p.count = p.count.min(end - at);
+            at += p.count;
+            out.push(p);
+        }
+        Ok(out)
+    }
+
+    /// The volume sector member `comp`'s sector `cblk` holds (md's `compute_blocknr`);
+    /// `None` for a parity chunk or a sector past the member's usable size.
+    #[must_use]
+    pub fn volume_sector(&self, comp: usize, cblk: u64) -> Option<u64> {
+        if comp >= self.disks || cblk >= self.member_sectors {
+            return None;
+        }
+        let (stripe, offset) = (cblk / self.chunk, cblk % self.chunk);
+        let s = self.stripe(stripe);
+        let i = s.data.iter().position(|&m| m == comp)?;
+        let chunk_number = stripe * self.data_disks() as u64 + i as u64;
+        Some(chunk_number * self.chunk + offset)
+    }
+}
+
+/// raid10's copy placement: `near` copies side by side, `far` copies further down every
+/// member, `offset` far copies in the next chunk row instead of the far half.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Raid10Layout {
+    /// Near copies (md's `nc`, layout bits 0-7).
+    pub near: u8,
+    /// Far copies (md's `fc`, bits 8-15).
+    pub far: u8,
+    /// Far copies are offset ones (bit 16).
+    pub offset: bool,
+    /// Far copies stay within sets of `disks / far` members (bit 17, md's "far sets").
+    pub far_sets: bool,
+}
+
+impl Raid10Layout {
+    /// `n2` and the like: `near` copies.
+    #[must_use]
+    pub fn near(copies: u8) -> Self {
+        Self {
+            near: copies,
+            far: 1,
+            offset: false,
+            far_sets: false,
+        }
+    }
+
+    /// md's layout number (the superblock's `layout` field).
+    #[must_use]
+    pub fn md_layout(self) -> u32 {
+        u32::from(self.near)
+            | u32::from(self.far) << 8
+            | u32::from(self.offset) << 16
+            | u32::from(self.far_sets) << 17
+    }
+
+    /// The layout md's number names.
+    ///
+    /// # Errors
+    /// [`Error::LayoutUnsupported`] for bits md does not define or no copies.
+    pub fn from_md(layout: u32) -> Result<Self, Error> {
+        let l = Self {
+            near: (layout & 255) as u8,
+            far: (layout >> 8 & 255) as u8,
+            offset: layout & 1 << 16 != 0,
+            far_sets: layout & 1 << 17 != 0,
+        };
+        if layout >> 18 != 0 || l.near == 0 || l.far == 0 {
+            return Err(Error::LayoutUnsupported {
+                level: "raid10",
+                layout: format!("{layout:#x}"),
+            });
+        }
+        Ok(l)
+    }
+
+    /// Copies of each chunk.
+    #[must_use]
+    pub fn copies(self) -> usize {
+        usize::from(self.near) * usize::from(self.far)
+    }
+}
+
+impl std::fmt::Display for Raid10Layout {
+    /// mdadm's name: `n2`, `f2`, `o2` (both near and far: `n2f2`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let far = if self.offset { 'o' } else { 'f' };
+        match (self.near, self.far) {
+            (n, 1) => write!(f, "n{n}"),
+            (1, k) => write!(f, "{far}{k}"),
+            (n, k) => write!(f, "n{n}{far}{k}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Raid10Layout {
+    type Err = Error;
+
+    /// mdadm's names: `nK`, `fK`, `oK`.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::LayoutUnsupported {
+            level: "raid10",
+            layout: s.to_owned(),
+        };
+        let (kind, k) = s.split_at_checked(1).ok_or_else(bad)?;
+        let k: u8 = k.parse().map_err(|_| bad())?;
+        if k == 0 {
+            return Err(bad());
+        }
+        let one = Self::near(1);
+        Ok(match kind {
+            "n" => Self::near(k),
+            "f" => Self { far: k, ..one },
+            "o" => Self {
+                far: k,
+                offset: true,
+                ..one
+            },
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// A raid10 array's geometry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Raid10 {
+    layout: Raid10Layout,
+    disks: usize,
+    chunk: u64,
+    chunk_shift: u32,
+    far_set_size: usize,
+    member_sectors: u64,
+    total: u64,
+    stride: u64,
+}
+
+/// One run of a raid10 request inside one chunk, and each copy's place in md's order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Raid10Piece {
+    /// Volume sector.
+    pub lblk: u64,
+    /// Sectors (never crossing a chunk).
+    pub count: u64,
+    /// `(member, sector)` of each copy, in md's order (`r10bio->devs[]`).
+    pub copies: Vec<(usize, u64)>,
+}
+
+impl Raid10 {
+    /// A raid10 array of `disks` members, `chunk`-sector chunks and `member_sectors` usable
+    /// on each (after md's data offset), sized as md's `raid10_size` and `calc_sectors`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidChunk`], [`Error::TooFewDisks`] (fewer members than copies, or fewer
+    /// than two copies), [`Error::MemberTooSmall`], [`Error::LayoutUnsupported`] for near
+    /// and offset copies together over a member count near does not divide, and for a
+    /// layout that would put two copies of a chunk on one member.
+    pub fn new(
+        layout: Raid10Layout,
+        disks: usize,
+        chunk: u64,
+        member_sectors: u64,
+    ) -> Result<Self, Error> {
+        let chunk_shift = check_chunk("raid10", chunk)?;
+        let copies = layout.copies();
+        if copies < 2 || disks < copies {
+            return Err(Error::TooFewDisks {
+                level: "raid10",
+                disks,
+                min: copies.max(2),
+            });
+        }
+        // Offset copies sit in the chunk row after their stripe's; near copies that wrap
+        // round the members also move on a row, onto those offset copies (md computes the
+        // same overlapping places): refused.
+        if layout.offset
+            && layout.far > 1
+            && layout.near > 1
+            && disks % usize::from(layout.near) != 0
+        {
+            return Err(Error::LayoutUnsupported {
+                level: "raid10",
+                layout: format!(
+                    "{layout} over {disks} members (near copies that wrap onto the offset copies' row)"
+                ),
+            });
+        }
+        let (near, far) = (u64::from(layout.near), u64::from(layout.far));
+        let far_set_size = if layout.far_sets {
+            disks / usize::from(layout.far)
+        } else {
+            disks
+        };
+
+        // raid10_size: whole chunks, a far copy's share, times the members, over near.
+        let array_chunks = (member_sectors >> chunk_shift) / far * disks as u64 / near;
+        if array_chunks == 0 {
+            return Err(Error::MemberTooSmall { chunk });
+        }
+        // calc_sectors: the members' size the array needs, and the far copies' stride.
+        let dev_chunks = (array_chunks * copies as u64).div_ceil(disks as u64);
+        let stride = if layout.offset {
+            chunk
+        } else {
+            (dev_chunks / far) << chunk_shift
+        };
+        let r = Self {
+            layout,
+            disks,
+            chunk,
+            chunk_shift,
+            far_set_size,
+            member_sectors: dev_chunks << chunk_shift,
+            total: array_chunks << chunk_shift,
+            stride,
+        };
+        // Where a chunk's copies go repeats with its first member: each of those must put
+        // every copy on another member. Some layouts md accepts do not (far sets no larger
+        // than the near copies, which md warns "does not provide data safety" of).
+        for c in 0..disks as u64 {
+            let copies = r.place(c << chunk_shift);
+            let mut members: Vec<usize> = copies.iter().map(|x| x.0).collect();
+            members.sort_unstable();
+            members.dedup();
+            if members.len() != copies.len() {
+                return Err(Error::LayoutUnsupported {
+                    level: "raid10",
+                    layout: format!(
+                        "{layout} over {disks} members (copies of one chunk would share a member)"
+                    ),
+                });
+            }
+        }
+        Ok(r)
+    }
+
+    /// The layout.
+    #[must_use]
+    pub fn layout(&self) -> Raid10Layout {
+        self.layout
+    }
+
+    /// Members.
+    #[must_use]
+    pub fn disks(&self) -> usize {
+        self.disks
+    }
+
+    /// Chunk in sectors.
+    #[must_use]
+    pub fn chunk(&self) -> u64 {
+        self.chunk
+    }
+
+    /// The array's size (md's `raid10_size`).
+    #[must_use]
+    pub fn total_sectors(&self) -> u64 {
+        self.total
+    }
+
+    /// The sectors of each member the array uses (md's `dev_sectors`).
+    #[must_use]
+    pub fn member_sectors(&self) -> u64 {
+        self.member_sectors
+    }
+
+    /// Every copy of volume sector `lblk`, in md's order (`__raid10_find_phys`); empty past
+    /// the end.
+    #[must_use]
+    pub fn copies(&self, lblk: u64) -> Vec<(usize, u64)> {
+        if lblk >= self.total {
+            return Vec::new();
+        }
+        self.place(lblk)
+    }
+
+    /// `__raid10_find_phys`, for any sector.
+    fn place(&self, lblk: u64) -> Vec<(usize, u64)> {
+        let (near, far) = (usize::from(self.layout.near), usize::from(self.layout.far));
+        let disks = self.disks;
+        let fss = self.far_set_size;
+        let last_set_start = (disks / fss - 1) * fss;
+        let last_set_size = fss + disks % fss;
+        let mut chunk = lblk >> self.chunk_shift;
+        let mut sector = lblk & (self.chunk - 1);
+        chunk *= near as u64;
+        let mut stripe = chunk / disks as u64;
+        let mut dev = (chunk % disks as u64) as usize;
+        if self.layout.offset {
+            stripe *= far as u64;
+        }
+        sector += stripe << self.chunk_shift;
+        let mut out = Vec::with_capacity(near * far);
+        for _ in 0..near {
+            let (mut d, mut s) = (dev, sector);
+            out.push((d, s));
+            for _ in 1..far {
+                let set = d / fss;
+                d += near;
+                if disks % fss != 0 && d > last_set_start {
+                    d -= last_set_start;
+                    d %= last_set_size;
+                    d += last_set_start;
+                } else {
+                    d %= fss;
+                    d += fss * set;
+                }
+                s += self.stride;
+                out.push((d, s));
+            }
+            dev += 1;
+            if dev >= disks {
+                dev = 0;
+                sector += self.chunk;
+            }
+        }
+        out
+    }
+
+    /// The pieces of `[start, start + count)`, one per chunk it touches.
+    ///
+    /// # Errors
+    /// [`Error::RequestOverflow`], [`Error::PastEnd`] for a request not wholly inside.
+    pub fn map(&self, start: u64, count: u64) -> Result<Vec<Raid10Piece>, Error> {
+        let end = start
+            .checked_add(count)
+            .ok_or(Error::RequestOverflow { start, count })?;
+        if end > self.total {
+            return Err(Error::PastEnd {
+                start,
+                count,
+                total: self.total,
+            });
+        }
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end {
+            let n = (self.chunk - at % self.chunk).min(end - at);
+            out.push(Raid10Piece {
+                lblk: at,
+                count: n,
+                copies: self.copies(at),
+            });
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// The volume sector member `comp`'s sector `cblk` holds a copy of (md's
+    /// `raid10_find_virt`); `None` past the member's used sectors.
+    #[must_use]
+    pub fn volume_sector(&self, comp: usize, cblk: u64) -> Option<u64> {
+        if comp >= self.disks || cblk >= self.member_sectors {
+            return None;
+        }
+        let (near, far) = (usize::from(self.layout.near), u64::from(self.layout.far));
+        let disks = self.disks;
+        let mut dev = comp;
+        let mut fss = self.far_set_size;
+        let mut set_start = dev / fss * fss;
+        if disks % fss != 0 {
+            let last = (disks / fss - 1) * fss;
+            if dev >= last {
+                fss += disks % fss;
+                set_start = last;
+            }
+        }
+        let offset = cblk & (self.chunk - 1);
+        let mut sector = cblk;
+        let chunk = if self.layout.offset {
+            let c = sector >> self.chunk_shift;
+            let fc = (c % far) as usize;
+            // dev -= fc * near, wrapping once within the far set, as md does.
+            let back = fc * near;
+            dev = if dev >= set_start + back {
+                dev - back
+            } else {
+                (dev + fss).checked_sub(back)?
+            };
+            c / far
+        } else {
+            while sector >= self.stride {
+                sector -= self.stride;
+                if dev < near + set_start {
+                    dev += fss - near;
+                } else {
+                    dev -= near;
+                }
+            }
+            sector >> self.chunk_shift
+        };
+        let vchunk = (chunk * disks as u64 + dev as u64) / near as u64;
+        let lblk = (vchunk << self.chunk_shift) + offset;
+        (lblk < self.total).then_some(lblk)
+    }
+}
