@@ -21,6 +21,7 @@ mod components;
 mod info;
 mod layout;
 mod map;
+mod map_md;
 mod quirks;
 mod serve;
 mod split;

@@ -13,11 +13,13 @@ use crate::layout::LayoutArgs;
 #[derive(Debug, Args)]
 pub(crate) struct MapArgs {
     /// Raw component sizes in 512-byte sectors, comma-separated (e.g. 1000,2000,1500).
-    #[arg(long, value_parser = parse_sizes)]
-    sizes: Sizes,
+    #[arg(long, value_parser = parse_sizes, required_unless_present = "level")]
+    sizes: Option<Sizes>,
     /// Interleave in sectors; 0 concatenates.
-    #[arg(long, allow_negative_numbers = true)]
-    interleave: i64,
+    #[arg(long, allow_negative_numbers = true, required_unless_present = "level")]
+    interleave: Option<i64>,
+    #[command(flatten)]
+    md: crate::map_md::MdArgs,
     #[command(flatten)]
     layout: LayoutArgs,
     /// Largest component sector size in bytes.
@@ -74,6 +76,14 @@ fn parse_request(s: &str) -> Result<Request, String> {
 }
 
 pub(crate) fn run(args: &MapArgs) -> ExitCode {
+    if let Some(level) = args.md.level {
+        let requests: Vec<(bool, u64, u64)> = args
+            .requests
+            .iter()
+            .map(|r| (r.write, r.start, r.count))
+            .collect();
+        return crate::map_md::run(level, &args.md, &requests, args.json);
+    }
     let geometry = match build(args) {
         Ok(g) => g,
         Err(e) => {
@@ -108,10 +118,12 @@ pub(crate) fn run(args: &MapArgs) -> ExitCode {
 }
 
 fn build(args: &MapArgs) -> Result<Geometry, Error> {
-    let interleave = u64::try_from(args.interleave).map_err(|_| Error::NegativeInterleave {
-        interleave: args.interleave,
-    })?;
-    let mut b = Geometry::builder(args.sizes.0.clone(), interleave);
+    // Both are required by clap unless --level is given, which takes the md path.
+    let given = args.interleave.unwrap_or(0);
+    let interleave =
+        u64::try_from(given).map_err(|_| Error::NegativeInterleave { interleave: given })?;
+    let sizes = args.sizes.as_ref().map(|s| s.0.clone()).unwrap_or_default();
+    let mut b = Geometry::builder(sizes, interleave);
     args.layout.geometry(&mut b);
     b.sector_size(args.secsize);
     b.build()

@@ -223,3 +223,178 @@ fn readable_view_shows_table_and_pieces() {
         "{text}"
     );
 }
+
+fn md_map(args: &[&str]) -> (Option<i32>, Value) {
+    let mut a: Vec<String> = vec!["map".into(), "--json".into()];
+    a.extend(args.iter().map(|s| (*s).to_owned()));
+    let o = tagstripe(&a);
+    let v = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
+    (o.status.code(), v)
+}
+
+/// `map --level` prints the md contract: raid5's pieces with P (left-symmetric, four
+/// members: stripe 1 starts on the member after P), raid6's with Q, raid10's copies in md's
+/// order, and `error` for a request past the end.
+#[test]
+fn md_levels_as_scripts_read_them() {
+    let (code, v) = md_map(&[
+        "--level",
+        "raid5",
+        "--disks",
+        "4",
+        "--chunk",
+        "128",
+        "--size",
+        "1000",
+        "--request",
+        "0:300",
+        "w:384:128",
+        "2600:200",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (
+            &v["level"],
+            &v["layout"],
+            &v["disks"],
+            &v["chunk"],
+            &v["total_sectors"]
+        ),
+        (
+            &json!("raid5"),
+            &json!("left-symmetric"),
+            &json!(4),
+            &json!(128),
+            &json!(2688)
+        )
+    );
+    let r = &v["requests"];
+    assert_eq!(r[0]["status"], "ok");
+    assert_eq!(
+        r[0]["pieces"],
+        json!([
+            {"lblk": 0, "count": 128, "comp": 0, "cblk": 0, "p_comp": 3},
+            {"lblk": 128, "count": 128, "comp": 1, "cblk": 0, "p_comp": 3},
+            {"lblk": 256, "count": 44, "comp": 2, "cblk": 0, "p_comp": 3}
+        ])
+    );
+    assert_eq!(r[1]["op"], "w");
+    assert_eq!(
+        r[1]["pieces"],
+        json!([{"lblk": 384, "count": 128, "comp": 3, "cblk": 128, "p_comp": 2}])
+    );
+    assert_eq!(
+        (&r[2]["status"], &r[2]["pieces"]),
+        (&json!("error"), &json!([]))
+    );
+
+    let (_, v) = md_map(&[
+        "--level",
+        "raid6",
+        "--disks",
+        "5",
+        "--chunk",
+        "8",
+        "--size",
+        "64",
+        "--request",
+        "0:8",
+    ]);
+    assert_eq!(
+        v["requests"][0]["pieces"],
+        json!([{"lblk": 0, "count": 8, "comp": 1, "cblk": 0, "p_comp": 4, "q_comp": 0}])
+    );
+    let (_, v) = md_map(&[
+        "--level",
+        "raid10",
+        "--disks",
+        "4",
+        "--chunk",
+        "8",
+        "--size",
+        "64",
+        "--layout",
+        "f2",
+        "--request",
+        "8:8",
+    ]);
+    assert_eq!(v["layout"], "f2");
+    assert_eq!(
+        v["requests"][0]["pieces"],
+        json!([{"lblk": 8, "count": 8, "copies": [{"comp": 1, "cblk": 0}, {"comp": 2, "cblk": 32}]}])
+    );
+}
+
+/// Arrays md would refuse exit 2 with the reason, as JSON with --json.
+#[test]
+fn md_refusals_exit_2_with_the_reason() {
+    for (args, kind) in [
+        (
+            vec![
+                "--level", "raid5", "--disks", "4", "--chunk", "12", "--size", "100",
+            ],
+            "invalid_chunk",
+        ),
+        (
+            vec![
+                "--level", "raid6", "--disks", "3", "--chunk", "8", "--size", "100",
+            ],
+            "too_few_disks",
+        ),
+        (
+            vec![
+                "--level",
+                "raid5",
+                "--disks",
+                "4",
+                "--chunk",
+                "8",
+                "--size",
+                "100",
+                "--layout",
+                "left-symmetric-6",
+            ],
+            "layout_unsupported",
+        ),
+        (
+            vec![
+                "--level", "raid10", "--disks", "4", "--chunk", "8", "--size", "100", "--layout",
+                "z9",
+            ],
+            "layout_unsupported",
+        ),
+        (
+            vec![
+                "--level", "raid5", "--disks", "4", "--chunk", "64", "--size", "10",
+            ],
+            "member_too_small",
+        ),
+    ] {
+        let mut a = args.clone();
+        a.extend(["--request", "0:1"]);
+        let (code, v) = md_map(&a);
+        assert_eq!(code, Some(2), "{args:?}");
+        assert_eq!(v["error"]["kind"], kind, "{args:?}: {v}");
+    }
+    // Flags of the other form are refused by the parser.
+    let o = tagstripe(
+        &[
+            "map",
+            "--level",
+            "raid5",
+            "--sizes",
+            "100",
+            "--disks",
+            "4",
+            "--chunk",
+            "8",
+            "--size",
+            "64",
+            "--request",
+            "0:1",
+        ]
+        .map(String::from),
+    );
+    assert_eq!(o.status.code(), Some(2));
+}

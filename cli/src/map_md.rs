@@ -1,0 +1,220 @@
+//! `tagstripe map --level raid5|raid6|raid10`: md's parity and raid10 layouts, and where
+//! requests land on the members (the JSON contract scripts read is in the README).
+
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+use tagstripe_striping::Error;
+use tagstripe_striping::md::{Parity, ParityLayout, Raid10, Raid10Layout};
+
+use crate::EXIT_USAGE;
+
+/// An md level `map` lays out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Level {
+    /// Striping with one parity chunk (P) per stripe.
+    Raid5,
+    /// Striping with two (P, and Q over GF(2^8)).
+    Raid6,
+    /// Striped copies: near, far or offset.
+    Raid10,
+}
+
+impl Level {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Raid5 => "raid5",
+            Self::Raid6 => "raid6",
+            Self::Raid10 => "raid10",
+        }
+    }
+}
+
+/// md's geometry flags of `tagstripe map` (with `--level`, in place of `--sizes` and
+/// `--interleave`).
+#[derive(Debug, Args)]
+pub(crate) struct MdArgs {
+    /// An md array instead of a ccd geometry: raid5, raid6 or raid10.
+    #[arg(long, value_enum, conflicts_with_all = ["sizes", "interleave"], requires_all = ["disks", "chunk", "size"])]
+    pub level: Option<Level>,
+    /// md: members in the array.
+    #[arg(long, requires = "level")]
+    pub disks: Option<usize>,
+    /// md: chunk in sectors (a power of two, at least 8).
+    #[arg(long, requires = "level")]
+    pub chunk: Option<u64>,
+    /// md: each member's usable size in sectors, after md's data offset (rounded down as md
+    /// does).
+    #[arg(long, requires = "level")]
+    pub size: Option<u64>,
+    /// md layout as mdadm names it: left-symmetric (default), left-asymmetric,
+    /// right-symmetric, right-asymmetric, parity-first, parity-last and raid6's -6 forms;
+    /// raid10: nK (default n2), fK, oK.
+    #[arg(long = "layout", requires = "level")]
+    pub layout: Option<String>,
+}
+
+/// An md array's geometry.
+enum Md {
+    Parity(Parity),
+    Raid10(Raid10),
+}
+
+fn build(level: Level, a: &MdArgs) -> Result<Md, Error> {
+    // clap requires all three with --level.
+    let (disks, chunk, size) = (
+        a.disks.unwrap_or(0),
+        a.chunk.unwrap_or(0),
+        a.size.unwrap_or(0),
+    );
+    match level {
+        Level::Raid5 | Level::Raid6 => {
+            let layout: ParityLayout = a.layout.as_deref().unwrap_or("left-symmetric").parse()?;
+            let n = if level == Level::Raid5 { 5 } else { 6 };
+            Parity::new(n, layout, disks, chunk, size).map(Md::Parity)
+        }
+        Level::Raid10 => {
+            let layout: Raid10Layout = a.layout.as_deref().unwrap_or("n2").parse()?;
+            Raid10::new(layout, disks, chunk, size).map(Md::Raid10)
+        }
+    }
+}
+
+/// Maps `requests` (`(write, start, count)`) on the array `a` describes and prints them.
+pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json: bool) -> ExitCode {
+    let md = match build(level, a) {
+        Ok(m) => m,
+        Err(e) => {
+            if json {
+                outln!(
+                    "{}",
+                    json!({"error": {"kind": e.kind(), "errno": e.errno().as_str(), "message": e.to_string()}})
+                );
+            } else {
+                eprintln!("tagstripe map: md would refuse this array: {e}");
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let (layout, disks, chunk, total) = match &md {
+        Md::Parity(p) => (
+            p.layout().name().to_owned(),
+            p.disks(),
+            p.chunk(),
+            p.total_sectors(),
+        ),
+        Md::Raid10(r) => (
+            r.layout().to_string(),
+            r.disks(),
+            r.chunk(),
+            r.total_sectors(),
+        ),
+    };
+    let mapped: Vec<Value> = requests
+        .iter()
+        .map(|&(write, start, count)| {
+            let pieces = match &md {
+                Md::Parity(p) => p.map(start, count).map(|v| {
+                    v.iter()
+                        .map(|x| {
+                            let mut o = json!({"lblk": x.lblk, "count": x.count, "comp": x.comp, "cblk": x.cblk, "p_comp": x.p_comp});
+                            if let Some(q) = x.q_comp {
+                                o["q_comp"] = json!(q);
+                            }
+                            o
+                        })
+                        .collect::<Vec<_>>()
+                }),
+                Md::Raid10(r) => r.map(start, count).map(|v| {
+                    v.iter()
+                        .map(|x| {
+                            let copies: Vec<Value> = x
+                                .copies
+                                .iter()
+                                .map(|&(comp, cblk)| json!({"comp": comp, "cblk": cblk}))
+                                .collect();
+                            json!({"lblk": x.lblk, "count": x.count, "copies": copies})
+                        })
+                        .collect()
+                }),
+            };
+            let (status, pieces) = match pieces {
+                Ok(p) => ("ok", p),
+                Err(_) => ("error", Vec::new()),
+            };
+            json!({
+                "op": if write { "w" } else { "r" },
+                "start": start,
+                "count": count,
+                "status": status,
+                "pieces": pieces,
+            })
+        })
+        .collect();
+    if json {
+        outln!(
+            "{}",
+            json!({
+                "level": level.name(),
+                "layout": layout,
+                "disks": disks,
+                "chunk": chunk,
+                "total_sectors": total,
+                "requests": mapped,
+            })
+        );
+        return ExitCode::SUCCESS;
+    }
+    outln!(
+        "md {} {layout}: {disks} members, chunk {chunk} sectors, {total} sectors",
+        level.name()
+    );
+    if let Md::Parity(p) = &md {
+        outln!(
+            "  stripe 0: P on member {}{}",
+            p.stripe(0).p,
+            p.stripe(0)
+                .q
+                .map_or(String::new(), |q| format!(", Q on member {q}"))
+        );
+    }
+    for r in &mapped {
+        outln!(
+            "\nrequest {}:{}:{}  {}",
+            r["op"].as_str().unwrap_or(""),
+            r["start"],
+            r["count"],
+            r["status"].as_str().unwrap_or("")
+        );
+        for p in r["pieces"].as_array().into_iter().flatten() {
+            match &md {
+                Md::Parity(_) => outln!(
+                    "  lblk {:>12} count {:>6}  member {} at {:>12}  P {}{}",
+                    p["lblk"],
+                    p["count"],
+                    p["comp"],
+                    p["cblk"],
+                    p["p_comp"],
+                    p.get("q_comp")
+                        .map_or(String::new(), |q| format!("  Q {q}"))
+                ),
+                Md::Raid10(_) => {
+                    let copies: Vec<String> = p["copies"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|c| format!("{}@{}", c["comp"], c["cblk"]))
+                        .collect();
+                    outln!(
+                        "  lblk {:>12} count {:>6}  copies {}",
+                        p["lblk"],
+                        p["count"],
+                        copies.join(" ")
+                    );
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
