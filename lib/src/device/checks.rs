@@ -10,7 +10,7 @@ use super::{BlockDevice, DeviceInfo, IoOpts, Zeroes};
 /// Zero buffers for the emulated path, written in pieces of this size.
 static ZERO_BUF: [u8; 1 << 20] = [0u8; 1 << 20];
 
-/// The sectors a buffer of `len` bytes holds, or [`Error::BadLength`].
+/// The sectors a buffer of `len` bytes holds, or [`Error::BadLength`](crate::Error::BadLength).
 pub(crate) fn sectors_of(info: &DeviceInfo, len: usize) -> Result<u64> {
     if len % 512 != 0 {
         return Err(Error::BadLength {
@@ -22,7 +22,7 @@ pub(crate) fn sectors_of(info: &DeviceInfo, len: usize) -> Result<u64> {
 }
 
 /// Zeroes by writing zero buffers (1 MiB pieces, whole logical blocks), or refuses with
-/// [`Error::Unsupported`] if only a fast way would do.
+/// [`Error::Unsupported`](crate::Error::Unsupported) if only a fast way would do.
 pub(crate) async fn write_zero_buffers<D: BlockDevice + ?Sized>(
     dev: &D,
     start: u64,
@@ -82,7 +82,7 @@ pub(crate) fn check_bufs(info: &DeviceInfo, start: u64, bufs: &[&mut [u8]]) -> R
     Ok(sectors)
 }
 
-/// [`BlockDevice::write_vectored`]'s default: the parts copied into one buffer, written as
+/// [`BlockDevice::write_vectored`](crate::BlockDevice::write_vectored)'s default: the parts copied into one buffer, written as
 /// one request.
 pub(crate) async fn write_parts<D: BlockDevice + ?Sized>(
     dev: &D,

@@ -1,4 +1,4 @@
-//! Type erasure: [`DynBlockDevice`], the object-safe form of [`BlockDevice`], and the
+//! Type erasure: [`DynBlockDevice`](crate::DynBlockDevice), the object-safe form of [`BlockDevice`](crate::BlockDevice), and the
 //! forwarding impls that make `dyn DynBlockDevice` and `Arc<D>` block devices again.
 
 use std::sync::Arc;
@@ -9,13 +9,13 @@ use crate::Result;
 
 use super::{BlockDevice, Caps, DeviceInfo, Extent, IoOpts, Zeroes};
 
-/// A boxed future, as [`DynBlockDevice`]'s methods return.
+/// A boxed future, as [`DynBlockDevice`](crate::DynBlockDevice)'s methods return.
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-/// The object-safe form of [`BlockDevice`], for devices of different types behind one
+/// The object-safe form of [`BlockDevice`](crate::BlockDevice), for devices of different types behind one
 /// pointer: `Arc<dyn DynBlockDevice>`. Every `BlockDevice` is one (a blanket impl boxes each
 /// request's future once), and `dyn DynBlockDevice` is a `BlockDevice` again, so layers and
-/// volumes take either. Implement [`BlockDevice`], never this; call `BlockDevice`'s methods,
+/// volumes take either. Implement [`BlockDevice`](crate::BlockDevice), never this; call `BlockDevice`'s methods,
 /// never these.
 ///
 /// ```
@@ -35,40 +35,40 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + S
 /// # }).unwrap();
 /// ```
 pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
-    /// [`BlockDevice::info`].
+    /// [`BlockDevice::info`](crate::BlockDevice::info).
     fn erased_info(&self) -> &DeviceInfo;
-    /// [`BlockDevice::caps`].
+    /// [`BlockDevice::caps`](crate::BlockDevice::caps).
     fn erased_caps(&self) -> Caps;
-    /// [`BlockDevice::read`].
+    /// [`BlockDevice::read`](crate::BlockDevice::read).
     fn erased_read(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes>;
-    /// [`BlockDevice::read_into`].
+    /// [`BlockDevice::read_into`](crate::BlockDevice::read_into).
     fn erased_read_into<'a>(
         &'a self,
         start: u64,
         buf: &'a mut [u8],
         opts: IoOpts,
     ) -> BoxFuture<'a, ()>;
-    /// [`BlockDevice::read_vectored_into`].
+    /// [`BlockDevice::read_vectored_into`](crate::BlockDevice::read_vectored_into).
     fn erased_read_vectored_into<'a>(
         &'a self,
         start: u64,
         bufs: Vec<&'a mut [u8]>,
         opts: IoOpts,
     ) -> BoxFuture<'a, ()>;
-    /// [`BlockDevice::write`].
+    /// [`BlockDevice::write`](crate::BlockDevice::write).
     fn erased_write(&self, start: u64, data: Bytes, opts: IoOpts) -> BoxFuture<'_, ()>;
-    /// [`BlockDevice::write_vectored`].
+    /// [`BlockDevice::write_vectored`](crate::BlockDevice::write_vectored).
     fn erased_write_vectored(
         &self,
         start: u64,
         parts: Vec<Bytes>,
         opts: IoOpts,
     ) -> BoxFuture<'_, ()>;
-    /// [`BlockDevice::flush`].
+    /// [`BlockDevice::flush`](crate::BlockDevice::flush).
     fn erased_flush(&self, opts: IoOpts) -> BoxFuture<'_, ()>;
-    /// [`BlockDevice::discard`].
+    /// [`BlockDevice::discard`](crate::BlockDevice::discard).
     fn erased_discard(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, ()>;
-    /// [`BlockDevice::write_zeroes`].
+    /// [`BlockDevice::write_zeroes`](crate::BlockDevice::write_zeroes).
     fn erased_write_zeroes(
         &self,
         start: u64,
@@ -76,7 +76,7 @@ pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
         z: Zeroes,
         opts: IoOpts,
     ) -> BoxFuture<'_, ()>;
-    /// [`BlockDevice::allocation`].
+    /// [`BlockDevice::allocation`](crate::BlockDevice::allocation).
     fn erased_allocation(&self, start: u64, sectors: u64) -> BoxFuture<'_, Vec<Extent>>;
 }
 

@@ -1,10 +1,10 @@
-//! What a device is and can do: [`DeviceInfo`], [`Caps`], [`Zeroing`].
+//! What a device is and can do: [`DeviceInfo`](crate::DeviceInfo), [`Caps`](crate::Caps), [`Zeroing`].
 
 use tagstripe_quirks::{Identity, Limits};
 
 use crate::{Error, Result};
 
-/// How a device zeroes a range ([`BlockDevice::write_zeroes`]).
+/// How a device zeroes a range ([`BlockDevice::write_zeroes`](crate::BlockDevice::write_zeroes)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Zeroing {
     /// Without moving data: `fallocate` on a file or block device, dropped pages in
@@ -40,7 +40,7 @@ pub struct Caps {
     pub zeroing: Zeroing,
     /// A zeroing that must be fast (`Zeroes::fast_only`) can succeed.
     pub fast_zero: bool,
-    /// [`BlockDevice::allocation`] knows holes from data (otherwise it calls everything
+    /// [`BlockDevice::allocation`](crate::BlockDevice::allocation) knows holes from data (otherwise it calls everything
     /// data).
     pub allocation: bool,
     /// The medium seeks (a disk with heads).
@@ -110,7 +110,7 @@ pub struct DeviceInfo {
     /// Refuses writes, flushes and discards.
     pub read_only: bool,
     /// What it can do. `caps.trim` is kept equal to `limits.max_discard_sectors > 0` (one
-    /// meaning for 0 there: no discard); set both with [`DeviceInfo::set_discard`].
+    /// meaning for 0 there: no discard); set both with [`DeviceInfo::set_discard`](crate::DeviceInfo::set_discard).
     pub caps: Caps,
     /// The physical device the data lives on, where known: a block device's own device
     /// number, or for a file the number of the device its filesystem is on (`st_rdev` /
@@ -188,8 +188,8 @@ impl DeviceInfo {
     /// blocks, and not empty.
     ///
     /// # Errors
-    /// [`Error::Overflow`], [`Error::OutOfRange`], [`Error::Misaligned`] or
-    /// [`Error::BadLength`] for zero sectors.
+    /// [`Error::Overflow`](crate::Error::Overflow), [`Error::OutOfRange`](crate::Error::OutOfRange), [`Error::Misaligned`](crate::Error::Misaligned) or
+    /// [`Error::BadLength`](crate::Error::BadLength) for zero sectors.
     pub fn check(&self, start: u64, sectors: u64) -> Result<()> {
         let device = || self.name.clone();
         if sectors == 0 {
@@ -226,7 +226,7 @@ impl DeviceInfo {
     /// Checks a write: writable, whole sectors, in range.
     ///
     /// # Errors
-    /// As [`DeviceInfo::check`], and [`Error::ReadOnly`] / [`Error::BadLength`].
+    /// As [`DeviceInfo::check`](crate::DeviceInfo::check), and [`Error::ReadOnly`](crate::Error::ReadOnly) / [`Error::BadLength`](crate::Error::BadLength).
     pub fn check_write(&self, start: u64, len: usize) -> Result<u64> {
         if self.read_only {
             return Err(Error::ReadOnly {
@@ -249,7 +249,7 @@ impl DeviceInfo {
     /// Checks a discard: writable, supported, in range.
     ///
     /// # Errors
-    /// As [`DeviceInfo::check`], and [`Error::ReadOnly`] / [`Error::Unsupported`].
+    /// As [`DeviceInfo::check`](crate::DeviceInfo::check), and [`Error::ReadOnly`](crate::Error::ReadOnly) / [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn check_discard(&self, start: u64, sectors: u64) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly {

@@ -1,4 +1,4 @@
-//! What travels with a request and what comes back: [`IoOpts`], [`Zeroes`], [`Extent`].
+//! What travels with a request and what comes back: [`IoOpts`](crate::IoOpts), [`Zeroes`](crate::Zeroes), [`Extent`](crate::Extent).
 
 use tagstripe_scheduler::{IoClass, TagKind};
 
@@ -35,7 +35,7 @@ impl IoOpts {
     }
 }
 
-/// A run of sectors in one allocation state, as [`BlockDevice::allocation`] reports it.
+/// A run of sectors in one allocation state, as [`BlockDevice::allocation`](crate::BlockDevice::allocation) reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Extent {
     /// Length in sectors (never 0).
@@ -96,12 +96,12 @@ pub(crate) fn push_extent(out: &mut Vec<Extent>, e: Extent) {
     }
 }
 
-/// How [`BlockDevice::write_zeroes`] may zero.
+/// How [`BlockDevice::write_zeroes`](crate::BlockDevice::write_zeroes) may zero.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Zeroes {
     /// The sectors may be deallocated (a hole that reads as zeroes).
     pub unmap: bool,
-    /// Fail with [`Error::Unsupported`] rather than write zeroes the slow way.
+    /// Fail with [`Error::Unsupported`](crate::Error::Unsupported) rather than write zeroes the slow way.
     pub fast_only: bool,
 }
 
