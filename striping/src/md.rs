@@ -845,3 +845,114 @@ impl Raid10 {
         (lblk < self.total).then_some(lblk)
     }
 }
+
+impl StripeMap {
+    /// The data members in the order md's raid6 syndrome takes them (`raid6_d0` and
+    /// `raid6_idx_to_slot` for md's own layouts): from the member after Q onwards, round
+    /// the array, skipping P and Q. Data at position `c` of this order enters Q as
+    /// `g^c · D`.
+    #[must_use]
+    pub fn syndrome_order(&self) -> Vec<usize> {
+        let n = self.data.len() + 1 + usize::from(self.q.is_some());
+        let Some(q) = self.q else {
+            return self.data.clone();
+        };
+        (1..=n)
+            .map(|k| (q + k) % n)
+            .filter(|&m| m != self.p && m != q)
+            .collect()
+    }
+}
+
+/// Arithmetic in GF(2^8) with md's raid6 polynomial (x^8 + x^4 + x^3 + x^2 + 1, 0x11d) and
+/// generator 2, for the Q syndrome and for recovering data from P and Q (H. Peter Anvin,
+/// "The mathematics of RAID-6", the paper md's raid6 code follows).
+pub mod gf {
+    /// `2^i` for i in 0..255 (and repeated, so products need no modulo).
+    const EXP: [u8; 512] = {
+        let mut t = [0u8; 512];
+        let mut x: u16 = 1;
+        let mut i = 0;
+        while i < 512 {
+            t[i] = x as u8;
+            x <<= 1;
+            if x & 0x100 != 0 {
+                x ^= 0x11d;
+            }
+            i += 1;
+        }
+        t
+    };
+    /// `log2(x)` for x in 1..=255 (`LOG[0]` unused).
+    const LOG: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut i = 0;
+        while i < 255 {
+            t[EXP[i] as usize] = i as u8;
+            i += 1;
+        }
+        t
+    };
+
+    /// `a · b`.
+    ///
+    /// ```
+    /// use tagstripe_striping::md::gf;
+    /// assert_eq!(gf::mul(2, 0x80), 0x1d); // the polynomial folds back in
+    /// assert_eq!(gf::mul(gf::inv(7), 7), 1);
+    /// ```
+    #[must_use]
+    pub fn mul(a: u8, b: u8) -> u8 {
+        if a == 0 || b == 0 {
+            return 0;
+        }
+        EXP[LOG[a as usize] as usize + LOG[b as usize] as usize]
+    }
+
+    /// `2^i`, the coefficient of the `i`th data block in Q.
+    #[must_use]
+    pub fn pow2(i: usize) -> u8 {
+        EXP[i % 255]
+    }
+
+    /// The inverse of a nonzero `a` (0 for 0).
+    #[must_use]
+    pub fn inv(a: u8) -> u8 {
+        if a == 0 {
+            return 0;
+        }
+        EXP[255 - LOG[a as usize] as usize]
+    }
+
+    /// `dst ^= c · src`, byte by byte.
+    pub fn mul_acc(dst: &mut [u8], c: u8, src: &[u8]) {
+        if c == 0 {
+            return;
+        }
+        if c == 1 {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d ^= s;
+            }
+            return;
+        }
+        // One row of the multiplication table: a lookup a byte.
+        let mut row = [0u8; 256];
+        for (x, r) in row.iter_mut().enumerate() {
+            *r = mul(c, x as u8);
+        }
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d ^= row[*s as usize];
+        }
+    }
+
+    /// `buf = c · buf`.
+    pub fn scale(buf: &mut [u8], c: u8) {
+        let mut row = [0u8; 256];
+        for (x, r) in row.iter_mut().enumerate() {
+            *r = mul(c, x as u8);
+        }
+        for b in buf {
+            *b = row[*b as usize];
+        }
+    }
+}

@@ -3,10 +3,12 @@
 mod component;
 pub(crate) mod mirror;
 mod queue;
+mod raid;
 mod split;
 mod striped;
 
 pub(crate) use component::Component;
 pub use queue::{Queue, QueueHandle};
+pub use raid::Raid;
 pub use split::Split;
 pub use striped::Striped;

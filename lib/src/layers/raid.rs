@@ -1,0 +1,793 @@
+//! md's raid5, raid6 and raid10 served from their members: reads from the data, degraded
+//! reads rebuilt from parity (XOR for P; raid6's Q over GF(2^8), two failures), writes by
+//! read-modify-write or reconstruct-write (whichever reads less), full-stripe writes with no
+//! read at all, raid10's copies, and a member rebuilt in place.
+//!
+//! The layouts are `tagstripe_striping::md`'s, exact with md's, so the member images of an
+//! md array (from its data offset on) are read and written as md would.
+//!
+//! What it does not do yet: keep a write-intent bitmap or a partial-parity log. A crash
+//! between a stripe's data and parity writes can leave its parity stale (md's "write
+//! hole"); until the array is resynced (`Raid::resync_parity`), a later degraded read of
+//! that stripe could return wrong bytes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use tagstripe_scheduler::IoClass;
+use tagstripe_striping::md::{Parity, ParityPiece, Raid10, StripeMap, gf};
+
+use crate::{BlockDevice, Caps, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
+
+/// Stripe lock shards: writes to one stripe, and degraded reads of it, are serialized.
+const SHARDS: usize = 64;
+
+/// An md array's geometry.
+#[derive(Debug)]
+enum Geo {
+    Parity(Parity),
+    Raid10(Raid10),
+}
+
+/// An md raid5, raid6 or raid10 array over its members; itself a [`BlockDevice`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use bytes::Bytes;
+/// use tagstripe::striping::md::{Parity, ParityLayout};
+/// use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MemDevice, Raid};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let members: Vec<Arc<dyn DynBlockDevice>> =
+///     (0..4).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 2048)) as _).collect();
+/// let geo = Parity::new(5, ParityLayout::LeftSymmetric, 4, 128, 2048)?;
+/// let a = Raid::parity("md0", geo, members.clone())?;
+/// a.write(0, Bytes::from(vec![7u8; 192 << 10]), IoOpts::new()).await?; // one full stripe
+/// a.fail(1); // a member dies: its chunks are rebuilt from the others and P
+/// assert_eq!(a.read(0, 384, IoOpts::new()).await?, vec![7u8; 192 << 10]);
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Raid {
+    info: DeviceInfo,
+    geo: Geo,
+    members: Vec<parking_lot::RwLock<Arc<dyn DynBlockDevice>>>,
+    failed: Vec<AtomicBool>,
+    locks: Vec<tokio::sync::Mutex<()>>,
+}
+
+/// The buffers of one stripe row range, per member (`None`: not read, or failed).
+type Row = Vec<Option<Vec<u8>>>;
+
+impl Raid {
+    /// A raid5 or raid6 array with `geometry` over `members` (member sector 0 is md's data
+    /// offset).
+    ///
+    /// # Errors
+    /// [`Error::BadLength`] for a member count other than the geometry's, or a member too
+    /// small for it, or a chunk that is not whole logical blocks of the members.
+    pub fn parity(
+        name: &str,
+        geometry: Parity,
+        members: Vec<Arc<dyn DynBlockDevice>>,
+    ) -> Result<Self> {
+        let (disks, need, total, chunk) = (
+            geometry.disks(),
+            geometry.member_sectors(),
+            geometry.total_sectors(),
+            geometry.chunk(),
+        );
+        let io_opt = chunk * 512 * geometry.data_disks() as u64;
+        Self::new(
+            name,
+            Geo::Parity(geometry),
+            members,
+            disks,
+            need,
+            total,
+            chunk,
+            io_opt,
+        )
+    }
+
+    /// A raid10 array with `geometry` over `members`.
+    ///
+    /// # Errors
+    /// As [`Raid::parity`].
+    pub fn raid10(
+        name: &str,
+        geometry: Raid10,
+        members: Vec<Arc<dyn DynBlockDevice>>,
+    ) -> Result<Self> {
+        let (disks, need, total, chunk) = (
+            geometry.disks(),
+            geometry.member_sectors(),
+            geometry.total_sectors(),
+            geometry.chunk(),
+        );
+        Self::new(
+            name,
+            Geo::Raid10(geometry),
+            members,
+            disks,
+            need,
+            total,
+            chunk,
+            chunk * 512,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: &str,
+        geo: Geo,
+        members: Vec<Arc<dyn DynBlockDevice>>,
+        disks: usize,
+        need: u64,
+        total: u64,
+        chunk: u64,
+        io_opt: u64,
+    ) -> Result<Self> {
+        let bad = |what: String| Error::BadLength {
+            device: name.to_owned(),
+            what,
+        };
+        if members.len() != disks {
+            return Err(bad(format!(
+                "{} members given, the array has {disks}",
+                members.len()
+            )));
+        }
+        let mut lbs = 512;
+        for (i, m) in members.iter().enumerate() {
+            let mi = m.info();
+            if mi.sectors < need {
+                return Err(bad(format!(
+                    "member {i} ({}) has {} sectors, the array needs {need}",
+                    mi.name, mi.sectors
+                )));
+            }
+            lbs = lbs.max(mi.limits.logical_block_size);
+        }
+        if (chunk * 512) % u64::from(lbs) != 0 {
+            return Err(bad(format!(
+                "a chunk of {chunk} sectors is not whole {lbs}-byte blocks"
+            )));
+        }
+        let mut info = DeviceInfo::new(name, total);
+        info.limits.logical_block_size = lbs;
+        info.limits.physical_block_size = lbs;
+        info.limits.io_opt = u32::try_from(io_opt).unwrap_or(0);
+        info.read_only = members.iter().any(|m| m.info().read_only);
+        let mut caps = Caps::stack(members.iter().map(|m| m.caps()));
+        // Discards and fast zeroing would have to keep parity: not offered.
+        caps.trim = false;
+        caps.fast_zero = false;
+        caps.zeroing = crate::Zeroing::Emulated;
+        caps.allocation = false;
+        info.caps = caps;
+        info.set_discard(false);
+        Ok(Self {
+            info,
+            geo,
+            failed: members.iter().map(|_| AtomicBool::new(false)).collect(),
+            members: members.into_iter().map(parking_lot::RwLock::new).collect(),
+            locks: (0..SHARDS).map(|_| tokio::sync::Mutex::new(())).collect(),
+        })
+    }
+
+    /// How many members may fail with the data still whole (raid5 1, raid6 2, raid10 its
+    /// copies less one, at best).
+    fn redundancy(&self) -> usize {
+        match &self.geo {
+            Geo::Parity(p) => usize::from(p.level() - 4),
+            Geo::Raid10(r) => r.layout().copies() - 1,
+        }
+    }
+
+    /// Marks `member` failed: never read again, no longer written, until rebuilt.
+    pub fn fail(&self, member: usize) {
+        if let Some(f) = self.failed.get(member) {
+            if !f.swap(true, Ordering::AcqRel) {
+                tracing::warn!(target: "tagstripe::raid", array = %self.info.name, member, "member failed: served degraded");
+            }
+        }
+    }
+
+    /// The failed members, ascending.
+    #[must_use]
+    pub fn failed(&self) -> Vec<usize> {
+        (0..self.failed.len())
+            .filter(|&i| self.is_failed(i))
+            .collect()
+    }
+
+    fn is_failed(&self, i: usize) -> bool {
+        self.failed[i].load(Ordering::Acquire)
+    }
+
+    fn member(&self, i: usize) -> Arc<dyn DynBlockDevice> {
+        Arc::clone(&self.members[i].read())
+    }
+
+    /// A member's I/O failed: it is failed, if the array can spare it; the error is then
+    /// absorbed (the caller goes on degraded), else returned.
+    fn member_error(&self, i: usize, e: Error) -> Result<()> {
+        if e.is_retryable() {
+            return Err(e);
+        }
+        let others = self.failed().iter().filter(|&&f| f != i).count();
+        if others >= self.redundancy() {
+            return Err(Error::Component {
+                component: i,
+                volume_sector: None,
+                source: Box::new(e),
+            });
+        }
+        tracing::warn!(target: "tagstripe::raid", array = %self.info.name, member = i, error = %e, "member I/O failed");
+        self.fail(i);
+        Ok(())
+    }
+
+    fn lock(&self, stripe: u64) -> &tokio::sync::Mutex<()> {
+        &self.locks[(stripe % SHARDS as u64) as usize]
+    }
+
+    fn too_degraded(&self) -> Error {
+        Error::Resync {
+            component: self.failed().first().copied().unwrap_or(0),
+            what: format!(
+                "members {:?} have failed: more than the array's redundancy ({})",
+                self.failed(),
+                self.redundancy()
+            ),
+        }
+    }
+
+    /// Reads `[at, at + len)` sectors of every member of a parity stripe that has not
+    /// failed; a member whose read fails is failed and left out.
+    async fn read_row(&self, s: &StripeMap, at: u64, len: u64, opts: IoOpts) -> Result<Row> {
+        let n = s.data.len() + 1 + usize::from(s.q.is_some());
+        let reads = (0..n).map(|m| async move {
+            if self.is_failed(m) {
+                return (m, None);
+            }
+            (m, Some(self.member(m).read(at, len, opts).await))
+        });
+        let mut row: Row = vec![None; n];
+        for (m, r) in futures_util::future::join_all(reads).await {
+            match r {
+                Some(Ok(b)) => row[m] = Some(b.to_vec()),
+                Some(Err(e)) => self.member_error(m, e)?,
+                None => {}
+            }
+        }
+        Ok(row)
+    }
+
+    /// Fills every missing data chunk of `row` from the survivors and P (and Q), in place.
+    fn recover_data(&self, s: &StripeMap, row: &mut Row) -> Result<()> {
+        let order = s.syndrome_order();
+        let missing: Vec<usize> = s
+            .data
+            .iter()
+            .copied()
+            .filter(|&m| row[m].is_none())
+            .collect();
+        let len = row.iter().flatten().map(Vec::len).next().unwrap_or(0);
+        match missing.as_slice() {
+            [] => Ok(()),
+            [x] if row[s.p].is_some() => {
+                let mut d = row[s.p].clone().unwrap_or_default();
+                for &m in &s.data {
+                    if m != *x {
+                        if let Some(b) = &row[m] {
+                            gf::mul_acc(&mut d, 1, b);
+                        }
+                    }
+                }
+                row[*x] = Some(d);
+                Ok(())
+            }
+            [x] => {
+                // P is gone too: Q alone gives it back.
+                let q =
+                    s.q.and_then(|q| row[q].clone())
+                        .ok_or_else(|| self.too_degraded())?;
+                let mut d = q;
+                let mut cx = 0;
+                for (c, &m) in order.iter().enumerate() {
+                    if m == *x {
+                        cx = c;
+                    } else if let Some(b) = &row[m] {
+                        gf::mul_acc(&mut d, gf::pow2(c), b);
+                    }
+                }
+                gf::scale(&mut d, gf::inv(gf::pow2(cx)));
+                row[*x] = Some(d);
+                Ok(())
+            }
+            [x, y] => {
+                let (Some(p), Some(q)) = (row[s.p].clone(), s.q.and_then(|q| row[q].clone()))
+                else {
+                    return Err(self.too_degraded());
+                };
+                // Pxy = P + the survivors, Qxy = Q + theirs: Dx + Dy = Pxy and
+                // g^cx Dx + g^cy Dy = Qxy.
+                let (mut pxy, mut qxy) = (p, q);
+                let (mut cx, mut cy) = (0, 0);
+                for (c, &m) in order.iter().enumerate() {
+                    if m == *x {
+                        cx = c;
+                    } else if m == *y {
+                        cy = c;
+                    } else if let Some(b) = &row[m] {
+                        gf::mul_acc(&mut pxy, 1, b);
+                        gf::mul_acc(&mut qxy, gf::pow2(c), b);
+                    }
+                }
+                let (gx, gy) = (gf::pow2(cx), gf::pow2(cy));
+                // Dx = (Qxy + g^cy Pxy) / (g^cx + g^cy).
+                let mut dx = qxy;
+                gf::mul_acc(&mut dx, gy, &pxy);
+                gf::scale(&mut dx, gf::inv(gx ^ gy));
+                let mut dy = pxy;
+                gf::mul_acc(&mut dy, 1, &dx);
+                debug_assert_eq!(dy.len(), len);
+                row[*x] = Some(dx);
+                row[*y] = Some(dy);
+                Ok(())
+            }
+            _ => Err(self.too_degraded()),
+        }
+    }
+
+    /// P and Q of a row whose data chunks are all present.
+    fn parity_of(s: &StripeMap, row: &Row, len: usize) -> (Vec<u8>, Option<Vec<u8>>) {
+        let mut p = vec![0u8; len];
+        for &m in &s.data {
+            if let Some(b) = &row[m] {
+                gf::mul_acc(&mut p, 1, b);
+            }
+        }
+        let q = s.q.map(|_| {
+            let mut q = vec![0u8; len];
+            for (c, &m) in s.syndrome_order().iter().enumerate() {
+                if let Some(b) = &row[m] {
+                    gf::mul_acc(&mut q, gf::pow2(c), b);
+                }
+            }
+            q
+        });
+        (p, q)
+    }
+
+    /// One parity piece read, degraded if its member has failed or fails now.
+    async fn read_parity_piece(&self, p: ParityPiece, out: &mut [u8], opts: IoOpts) -> Result<()> {
+        if !self.is_failed(p.comp) {
+            match self.member(p.comp).read_into(p.cblk, out, opts).await {
+                Ok(()) => return Ok(()),
+                Err(e) => self.member_error(p.comp, e)?,
+            }
+        }
+        let Geo::Parity(g) = &self.geo else {
+            unreachable!("parity pieces come from a parity geometry")
+        };
+        let s = g.stripe(p.stripe);
+        let _stripe = self.lock(p.stripe).lock().await;
+        let mut row = self.read_row(&s, p.cblk, p.count, opts).await?;
+        self.recover_data(&s, &mut row)?;
+        let d = row[p.comp].take().ok_or_else(|| self.too_degraded())?;
+        out.copy_from_slice(&d);
+        Ok(())
+    }
+
+    /// Writes the new data `pieces` (all in stripe `stripe`) and the stripe's parity.
+    async fn write_stripe(
+        &self,
+        g: &Parity,
+        stripe: u64,
+        pieces: &[(ParityPiece, Bytes)],
+        opts: IoOpts,
+    ) -> Result<()> {
+        let s = g.stripe(stripe);
+        let lo = pieces.iter().map(|(p, _)| p.cblk).min().unwrap_or(0);
+        let hi = pieces
+            .iter()
+            .map(|(p, _)| p.cblk + p.count)
+            .max()
+            .unwrap_or(0);
+        let len = ((hi - lo) * 512) as usize;
+        let _stripe = self.lock(stripe).lock().await;
+        let n = s.data.len() + 1 + usize::from(s.q.is_some());
+        let degraded = (0..n).any(|m| self.is_failed(m));
+        let covered = |m: usize| {
+            pieces
+                .iter()
+                .filter(|(p, _)| p.comp == m)
+                .map(|(p, _)| p.count)
+                .sum::<u64>()
+        };
+        // Reads each way: read-modify-write reads what it overwrites and the parity;
+        // reconstruct-write reads every data chunk it does not wholly overwrite.
+        let rmw: u64 = pieces.iter().map(|(p, _)| p.count).sum::<u64>()
+            + (hi - lo) * (1 + u64::from(s.q.is_some()));
+        let rcw: u64 = s
+            .data
+            .iter()
+            .filter(|&&m| covered(m) < hi - lo)
+            .map(|_| hi - lo)
+            .sum();
+        let (p_new, q_new, data): (Vec<u8>, Option<Vec<u8>>, Row) = if !degraded && rmw < rcw {
+            // Read-modify-write: P' = P + old + new, Q' = Q + g^c (old + new).
+            let mut row = vec![None; n];
+            let reads = pieces.iter().map(|(p, _)| async move {
+                (
+                    p.comp,
+                    self.member(p.comp).read(p.cblk, p.count, opts).await,
+                )
+            });
+            let parity_reads = std::iter::once(s.p)
+                .chain(s.q)
+                .map(|m| async move { (m, self.member(m).read(lo, hi - lo, opts).await) });
+            let (olds, pars) = futures_util::future::join(
+                futures_util::future::join_all(reads),
+                futures_util::future::join_all(parity_reads),
+            )
+            .await;
+            let mut fail = None;
+            let mut par: Row = vec![None; n];
+            for (m, r) in pars {
+                match r {
+                    Ok(b) => par[m] = Some(b.to_vec()),
+                    Err(e) => fail = Some((m, e)),
+                }
+            }
+            let mut old = Vec::with_capacity(olds.len());
+            for (m, r) in olds {
+                match r {
+                    Ok(b) => old.push(b),
+                    Err(e) => fail = Some((m, e)),
+                }
+            }
+            if let Some((m, e)) = fail {
+                // Fall back to the degraded path with this member gone.
+                self.member_error(m, e)?;
+                drop(_stripe);
+                return Box::pin(self.write_stripe(g, stripe, pieces, opts)).await;
+            }
+            let order = s.syndrome_order();
+            let mut pbuf = par[s.p].take().unwrap_or_default();
+            let mut qbuf = s.q.and_then(|q| par[q].take());
+            for ((p, new), old) in pieces.iter().zip(&old) {
+                let at = ((p.cblk - lo) * 512) as usize;
+                let mut delta = old.to_vec();
+                gf::mul_acc(&mut delta, 1, new);
+                gf::mul_acc(&mut pbuf[at..at + delta.len()], 1, &delta);
+                if let Some(q) = &mut qbuf {
+                    let c = order.iter().position(|&m| m == p.comp).unwrap_or(0);
+                    gf::mul_acc(&mut q[at..at + delta.len()], gf::pow2(c), &delta);
+                }
+                row[p.comp] = None;
+            }
+            (pbuf, qbuf, row)
+        } else {
+            // Reconstruct-write (degraded: every survivor read and the missing data
+            // recovered first): whole data chunks over [lo, hi), then P and Q from them.
+            let mut row: Row = if degraded {
+                let mut r = self.read_row(&s, lo, hi - lo, opts).await?;
+                self.recover_data(&s, &mut r)?;
+                r
+            } else {
+                let need: Vec<usize> = s
+                    .data
+                    .iter()
+                    .copied()
+                    .filter(|&m| covered(m) < hi - lo)
+                    .collect();
+                let reads = need
+                    .iter()
+                    .map(|&m| async move { (m, self.member(m).read(lo, hi - lo, opts).await) });
+                let mut r: Row = vec![None; n];
+                for (m, res) in futures_util::future::join_all(reads).await {
+                    match res {
+                        Ok(b) => r[m] = Some(b.to_vec()),
+                        Err(e) => {
+                            self.member_error(m, e)?;
+                            drop(_stripe);
+                            return Box::pin(self.write_stripe(g, stripe, pieces, opts)).await;
+                        }
+                    }
+                }
+                for &m in &s.data {
+                    if r[m].is_none() {
+                        r[m] = Some(vec![0u8; len]);
+                    }
+                }
+                r
+            };
+            for (p, new) in pieces {
+                let at = ((p.cblk - lo) * 512) as usize;
+                if let Some(b) = &mut row[p.comp] {
+                    b[at..at + new.len()].copy_from_slice(new);
+                }
+            }
+            let (pb, qb) = Self::parity_of(&s, &row, len);
+            (pb, qb, row)
+        };
+        let _ = data;
+        // The new data, then P and Q, to every member that has not failed.
+        let mut writes: Vec<(usize, u64, Bytes)> = pieces
+            .iter()
+            .map(|(p, d)| (p.comp, p.cblk, d.clone()))
+            .collect();
+        writes.push((s.p, lo, Bytes::from(p_new)));
+        if let (Some(q), Some(qb)) = (s.q, q_new) {
+            writes.push((q, lo, Bytes::from(qb)));
+        }
+        let issued = writes
+            .into_iter()
+            .filter(|(m, _, _)| !self.is_failed(*m))
+            .map(|(m, at, d)| async move { (m, self.member(m).write(at, d, opts).await) });
+        for (m, r) in futures_util::future::join_all(issued).await {
+            if let Err(e) = r {
+                self.member_error(m, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuilds member `member` onto `device` (a replacement, or the same member once its
+    /// fault is fixed) stripe by stripe from the others, in the idle class, while the array
+    /// serves; the member is read again once it is whole.
+    ///
+    /// # Errors
+    /// [`Error::BadLength`] for a device smaller than the member, [`Error::Resync`] if the
+    /// others cannot rebuild it (more failures than the redundancy), I/O errors writing it.
+    pub async fn rebuild(&self, member: usize, device: Arc<dyn DynBlockDevice>) -> Result<()> {
+        let (need, chunk) = match &self.geo {
+            Geo::Parity(g) => (g.member_sectors(), g.chunk()),
+            Geo::Raid10(r) => (r.member_sectors(), r.chunk()),
+        };
+        if member >= self.members.len() || device.info().sectors < need {
+            return Err(Error::BadLength {
+                device: device.info().name.clone(),
+                what: format!("cannot stand in for member {member} ({need} sectors needed)"),
+            });
+        }
+        self.fail(member);
+        *self.members[member].write() = Arc::clone(&device);
+        let opts = IoOpts::new().class(IoClass::Idle);
+        let mut at = 0;
+        while at < need {
+            let n = chunk.min(need - at);
+            let data = match &self.geo {
+                Geo::Parity(g) => {
+                    let stripe = at / chunk;
+                    let s = g.stripe(stripe);
+                    let _stripe = self.lock(stripe).lock().await;
+                    let mut row = self.read_row(&s, at, n, opts).await?;
+                    self.recover_data(&s, &mut row)?;
+                    let len = (n * 512) as usize;
+                    let (p, q) = Self::parity_of(&s, &row, len);
+                    if member == s.p {
+                        p
+                    } else if Some(member) == s.q {
+                        q.unwrap_or_default()
+                    } else {
+                        row[member].take().ok_or_else(|| self.too_degraded())?
+                    }
+                }
+                Geo::Raid10(r) => {
+                    let lblk = r
+                        .volume_sector(member, at)
+                        .ok_or_else(|| self.too_degraded());
+                    match lblk {
+                        Ok(l) => {
+                            let _stripe = self.lock(l / chunk).lock().await;
+                            self.read_copy(r, l, n, Some(member), opts).await?
+                        }
+                        // Past the array's data: nothing to copy.
+                        Err(_) => vec![0u8; (n * 512) as usize],
+                    }
+                }
+            };
+            device.write(at, Bytes::from(data), opts).await?;
+            at += n;
+        }
+        device.flush(opts).await?;
+        self.failed[member].store(false, Ordering::Release);
+        tracing::info!(target: "tagstripe::raid", array = %self.info.name, member, "member rebuilt: in sync");
+        Ok(())
+    }
+
+    /// Recomputes every stripe's P (and Q) from its data, as md's resync after an unclean
+    /// stop does: afterwards parity agrees with the data wherever a crash cut a stripe's
+    /// writes in two. Runs in the idle class while the array serves. raid10: copies every
+    /// chunk's first readable copy over the others.
+    ///
+    /// # Errors
+    /// [`Error::Resync`] on a degraded array (a parity resync needs every member), I/O errors.
+    pub async fn resync_parity(&self) -> Result<()> {
+        if !self.failed().is_empty() {
+            return Err(self.too_degraded());
+        }
+        let opts = IoOpts::new().class(IoClass::Idle);
+        match &self.geo {
+            Geo::Parity(g) => {
+                for stripe in 0..g.stripes() {
+                    let s = g.stripe(stripe);
+                    let _stripe = self.lock(stripe).lock().await;
+                    let at = stripe * g.chunk();
+                    let row = self.read_row(&s, at, g.chunk(), opts).await?;
+                    if s.data.iter().any(|&m| row[m].is_none()) {
+                        return Err(self.too_degraded());
+                    }
+                    let (p, q) = Self::parity_of(&s, &row, (g.chunk() * 512) as usize);
+                    self.member(s.p).write(at, Bytes::from(p), opts).await?;
+                    if let (Some(qm), Some(q)) = (s.q, q) {
+                        self.member(qm).write(at, Bytes::from(q), opts).await?;
+                    }
+                }
+            }
+            Geo::Raid10(r) => {
+                let mut l = 0;
+                while l < r.total_sectors() {
+                    let _stripe = self.lock(l / r.chunk()).lock().await;
+                    let d = Bytes::from(self.read_copy(r, l, r.chunk(), None, opts).await?);
+                    for (m, at) in r.copies(l).into_iter().skip(1) {
+                        self.member(m).write(at, d.clone(), opts).await?;
+                    }
+                    l += r.chunk();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// raid10: `sectors` from volume sector `lblk` (inside one chunk), from the first copy
+    /// that reads (not from `skip`).
+    async fn read_copy(
+        &self,
+        r: &Raid10,
+        lblk: u64,
+        sectors: u64,
+        skip: Option<usize>,
+        opts: IoOpts,
+    ) -> Result<Vec<u8>> {
+        for (m, at) in r.copies(lblk) {
+            if Some(m) == skip || self.is_failed(m) {
+                continue;
+            }
+            match self.member(m).read(at, sectors, opts).await {
+                Ok(b) => return Ok(b.to_vec()),
+                Err(e) => self.member_error(m, e)?,
+            }
+        }
+        Err(self.too_degraded())
+    }
+}
+
+impl BlockDevice for Raid {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn caps(&self) -> Caps {
+        self.info.caps
+    }
+
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        let mut buf = vec![0u8; usize::try_from(sectors * 512).unwrap_or(usize::MAX)];
+        self.read_into(start, &mut buf, opts).await?;
+        Ok(Bytes::from(buf))
+    }
+
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let sectors = crate::device::sectors_of(&self.info, buf.len())?;
+        self.info.check(start, sectors)?;
+        match &self.geo {
+            Geo::Parity(g) => {
+                let pieces = g.map(start, sectors)?;
+                let mut rest = buf;
+                let mut parts = Vec::with_capacity(pieces.len());
+                for p in pieces {
+                    let (a, b) = rest.split_at_mut((p.count * 512) as usize);
+                    parts.push(self.read_parity_piece(p, a, opts));
+                    rest = b;
+                }
+                crate::device::all(parts).await?;
+            }
+            Geo::Raid10(r) => {
+                let pieces = r.map(start, sectors)?;
+                let mut rest = buf;
+                let mut parts = Vec::with_capacity(pieces.len());
+                for p in pieces {
+                    let (a, b) = rest.split_at_mut((p.count * 512) as usize);
+                    parts.push(async move {
+                        let d = self.read_copy(r, p.lblk, p.count, None, opts).await?;
+                        a.copy_from_slice(&d);
+                        Ok(())
+                    });
+                    rest = b;
+                }
+                crate::device::all(parts).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        match &self.geo {
+            Geo::Parity(g) => {
+                let pieces = g.map(start, sectors)?;
+                let mut by_stripe: Vec<(u64, Vec<(ParityPiece, Bytes)>)> = Vec::new();
+                for p in pieces {
+                    let at = ((p.lblk - start) * 512) as usize;
+                    let d = data.slice(at..at + (p.count * 512) as usize);
+                    match by_stripe.last_mut() {
+                        Some((s, v)) if *s == p.stripe => v.push((p, d)),
+                        _ => by_stripe.push((p.stripe, vec![(p, d)])),
+                    }
+                }
+                crate::device::all(
+                    by_stripe
+                        .iter()
+                        .map(|(s, v)| self.write_stripe(g, *s, v, opts)),
+                )
+                .await?;
+            }
+            Geo::Raid10(r) => {
+                let pieces = r.map(start, sectors)?;
+                let writes =
+                    pieces.into_iter().map(|p| {
+                        let at = ((p.lblk - start) * 512) as usize;
+                        let d = data.slice(at..at + (p.count * 512) as usize);
+                        async move {
+                            let _stripe = self.lock(p.lblk / r.chunk()).lock().await;
+                            let mut wrote = 0;
+                            let copies = p.copies.iter().filter(|(m, _)| !self.is_failed(*m)).map(
+                                |&(m, c)| {
+                                    let d = d.clone();
+                                    async move { (m, self.member(m).write(c, d, opts).await) }
+                                },
+                            );
+                            for (m, res) in futures_util::future::join_all(copies).await {
+                                match res {
+                                    Ok(()) => wrote += 1,
+                                    Err(e) => self.member_error(m, e)?,
+                                }
+                            }
+                            if wrote == 0 {
+                                return Err(self.too_degraded());
+                            }
+                            Ok(())
+                        }
+                    });
+                crate::device::all(writes).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        let flushes = (0..self.members.len())
+            .filter(|&m| !self.is_failed(m))
+            .map(|m| async move { (m, self.member(m).flush(opts).await) });
+        for (m, r) in futures_util::future::join_all(flushes).await {
+            if let Err(e) = r {
+                self.member_error(m, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn discard(&self, _start: u64, _sectors: u64, _opts: IoOpts) -> Result<()> {
+        Err(Error::Unsupported {
+            device: self.info.name.clone(),
+            op: "discard (parity and copies would have to follow)",
+        })
+    }
+}
