@@ -190,6 +190,12 @@ pub enum Error {
         /// The layout asked for.
         layout: String,
     },
+    /// An md superblock that cannot be used (named: magic, version, size, checksum).
+    #[error("md superblock: {what}")]
+    MdSuperblock {
+        /// What is wrong.
+        what: String,
+    },
     /// Members too small for one chunk of data.
     #[error("members hold less than one {chunk}-sector chunk of data")]
     MemberTooSmall {
@@ -258,6 +264,7 @@ impl Error {
             Self::TooFewDisks { .. } => "too_few_disks",
             Self::LayoutUnsupported { .. } => "layout_unsupported",
             Self::MemberTooSmall { .. } => "member_too_small",
+            Self::MdSuperblock { .. } => "md_superblock",
         }
     }
 }

@@ -956,3 +956,219 @@ pub mod gf {
         }
     }
 }
+
+/// md's version-1 superblock (`struct mdp_superblock_1` in `include/uapi/linux/raid/md_p.h`):
+/// what a member says of its array, read from its bytes, so an md array's members can be
+/// opened without the md driver. Version 1.2 sits 4 KiB into the member, 1.1 at its start,
+/// 1.0 at its end (see [`Superblock1::locations`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock1 {
+    /// `feature_map`.
+    pub feature_map: u32,
+    /// The array's UUID.
+    pub set_uuid: [u8; 16],
+    /// The array's name (`host:name`).
+    pub set_name: String,
+    /// RAID level (5, 6, 10; md also has 0, 1, 4, -1 for linear).
+    pub level: i32,
+    /// Layout (md's algorithm number, or raid10's near/far/offset word).
+    pub layout: u32,
+    /// Sectors of each member the array uses.
+    pub size: u64,
+    /// Chunk in sectors.
+    pub chunk: u32,
+    /// Members in the array.
+    pub raid_disks: u32,
+    /// Where the data starts on this member, in sectors.
+    pub data_offset: u64,
+    /// Sectors of data this member can hold.
+    pub data_size: u64,
+    /// Where this superblock is on the member, in sectors.
+    pub super_offset: u64,
+    /// Index of this member in `dev_roles`.
+    pub dev_number: u32,
+    /// The event count (the newest wins at assembly).
+    pub events: u64,
+    /// Each device number's role: a member index, or 0xffff spare, 0xfffe faulty,
+    /// 0xfffd journal.
+    pub dev_roles: Vec<u16>,
+}
+
+/// md's superblock magic.
+pub const MD_SB_MAGIC: u32 = 0xa92b_4efc;
+/// A `dev_roles` entry for a spare.
+pub const ROLE_SPARE: u16 = 0xffff;
+/// A `dev_roles` entry for a faulty device.
+pub const ROLE_FAULTY: u16 = 0xfffe;
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from(le32(b, at)) | u64::from(le32(b, at + 4)) << 32
+}
+
+/// md's `calc_sb_1_csum` over `b` (the superblock and its `dev_roles`), its own checksum
+/// field taken as zero.
+fn csum(b: &[u8]) -> u32 {
+    let mut sum: u64 = 0;
+    let mut at = 0;
+    while at + 4 <= b.len() {
+        let w = if at == 216 { 0 } else { le32(b, at) };
+        sum += u64::from(w);
+        at += 4;
+    }
+    if b.len() - at == 2 {
+        sum += u64::from(u16::from_le_bytes([b[at], b[at + 1]]));
+    }
+    ((sum & 0xffff_ffff) + (sum >> 32)) as u32
+}
+
+impl Superblock1 {
+    /// Where md's version-1 superblocks may be on a member of `sectors` sectors, with the
+    /// version each means: 1.2 at sector 8, 1.1 at 0, 1.0 at the end less 8 KiB, rounded
+    /// down to 4 KiB.
+    #[must_use]
+    pub fn locations(sectors: u64) -> [(u64, &'static str); 3] {
+        let end = sectors.saturating_sub(16) & !7;
+        [(8, "1.2"), (0, "1.1"), (end, "1.0")]
+    }
+
+    /// Reads a superblock from its bytes (at least 256, plus 2 per `dev_roles` entry).
+    ///
+    /// # Errors
+    /// [`Error::MdSuperblock`] for a wrong magic or version, a short buffer, or a checksum
+    /// that does not match (md's own test).
+    pub fn parse(b: &[u8]) -> Result<Self, Error> {
+        let bad = |what: String| Error::MdSuperblock { what };
+        if b.len() < 256 {
+            return Err(bad(format!("{} bytes, a superblock takes 256", b.len())));
+        }
+        let magic = le32(b, 0);
+        if magic != MD_SB_MAGIC {
+            return Err(bad(format!("magic {magic:#x}, md's is {MD_SB_MAGIC:#x}")));
+        }
+        if le32(b, 4) != 1 {
+            return Err(bad(format!("major version {}, expected 1", le32(b, 4))));
+        }
+        let max_dev = le32(b, 220) as usize;
+        let end = 256 + 2 * max_dev;
+        if max_dev > 1920 || b.len() < end {
+            return Err(bad(format!(
+                "{max_dev} device roles do not fit the {} bytes read",
+                b.len()
+            )));
+        }
+        let stored = le32(b, 216);
+        let computed = csum(&b[..end]);
+        if stored != computed {
+            return Err(bad(format!(
+                "checksum {stored:#010x}, the bytes give {computed:#010x}"
+            )));
+        }
+        let mut set_uuid = [0u8; 16];
+        set_uuid.copy_from_slice(&b[16..32]);
+        let name = &b[32..64];
+        let name_end = name.iter().position(|&c| c == 0).unwrap_or(32);
+        Ok(Self {
+            feature_map: le32(b, 8),
+            set_uuid,
+            set_name: String::from_utf8_lossy(&name[..name_end]).into_owned(),
+            level: le32(b, 72) as i32,
+            layout: le32(b, 76),
+            size: le64(b, 80),
+            chunk: le32(b, 88),
+            raid_disks: le32(b, 92),
+            data_offset: le64(b, 128),
+            data_size: le64(b, 136),
+            super_offset: le64(b, 144),
+            dev_number: le32(b, 160),
+            events: le64(b, 200),
+            dev_roles: (0..max_dev)
+                .map(|i| u16::from_le_bytes([b[256 + 2 * i], b[257 + 2 * i]]))
+                .collect(),
+        })
+    }
+
+    /// The superblock's bytes, checksummed, padded to 4 KiB (what md writes; for tests and
+    /// tools that lay out members by hand).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        let put32 =
+            |b: &mut [u8], at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        let put64 =
+            |b: &mut [u8], at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        put32(&mut b, 0, MD_SB_MAGIC);
+        put32(&mut b, 4, 1);
+        put32(&mut b, 8, self.feature_map);
+        b[16..32].copy_from_slice(&self.set_uuid);
+        let name = self.set_name.as_bytes();
+        let n = name.len().min(32);
+        b[32..32 + n].copy_from_slice(&name[..n]);
+        put32(&mut b, 72, self.level as u32);
+        put32(&mut b, 76, self.layout);
+        put64(&mut b, 80, self.size);
+        put32(&mut b, 88, self.chunk);
+        put32(&mut b, 92, self.raid_disks);
+        put64(&mut b, 128, self.data_offset);
+        put64(&mut b, 136, self.data_size);
+        put64(&mut b, 144, self.super_offset);
+        put32(&mut b, 160, self.dev_number);
+        put64(&mut b, 200, self.events);
+        let max_dev = self.dev_roles.len().min(1920);
+        put32(&mut b, 220, max_dev as u32);
+        for (i, r) in self.dev_roles.iter().take(max_dev).enumerate() {
+            b[256 + 2 * i..258 + 2 * i].copy_from_slice(&r.to_le_bytes());
+        }
+        let c = csum(&b[..256 + 2 * max_dev]);
+        put32(&mut b, 216, c);
+        b
+    }
+
+    /// This member's role in the array (`dev_roles[dev_number]`): a member index, `None`
+    /// for a spare, a faulty device or a journal.
+    #[must_use]
+    pub fn role(&self) -> Option<usize> {
+        self.dev_roles
+            .get(self.dev_number as usize)
+            .filter(|&&r| r < 0xff00)
+            .map(|&r| usize::from(r))
+    }
+
+    /// The layout the superblock describes, as this module maps it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLevel`] for a level other than 5, 6 or 10, and the geometry's own
+    /// errors.
+    pub fn geometry(&self) -> Result<MdGeometry, Error> {
+        let disks = self.raid_disks as usize;
+        let chunk = u64::from(self.chunk);
+        match self.level {
+            5 | 6 => {
+                let layout =
+                    ParityLayout::from_md(self.layout).ok_or_else(|| Error::LayoutUnsupported {
+                        level: if self.level == 5 { "raid5" } else { "raid6" },
+                        layout: format!("md algorithm {}", self.layout),
+                    })?;
+                Parity::new(self.level as u8, layout, disks, chunk, self.size)
+                    .map(MdGeometry::Parity)
+            }
+            10 => Raid10::new(Raid10Layout::from_md(self.layout)?, disks, chunk, self.size)
+                .map(MdGeometry::Raid10),
+            l => Err(Error::InvalidLevel {
+                level: u32::try_from(l).unwrap_or(u32::MAX),
+            }),
+        }
+    }
+}
+
+/// An md array's layout, either kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MdGeometry {
+    /// raid5 or raid6.
+    Parity(Parity),
+    /// raid10.
+    Raid10(Raid10),
+}

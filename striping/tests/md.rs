@@ -356,3 +356,53 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn superblocks_round_trip_and_refuse_corruption() {
+    use tagstripe_striping::md::{MdGeometry, Superblock1};
+    let sb = Superblock1 {
+        feature_map: 0,
+        set_uuid: [7; 16],
+        set_name: "host:md0".into(),
+        level: 6,
+        layout: ParityLayout::LeftSymmetric.md_algorithm(),
+        size: 8192,
+        chunk: 128,
+        raid_disks: 5,
+        data_offset: 2048,
+        data_size: 8192,
+        super_offset: 8,
+        dev_number: 3,
+        events: 42,
+        dev_roles: vec![0, 1, 2, 3, 4, 0xffff],
+    };
+    let b = sb.encode();
+    assert_eq!(b.len(), 4096);
+    assert_eq!(Superblock1::parse(&b).unwrap(), sb);
+    assert_eq!(sb.role(), Some(3));
+    let MdGeometry::Parity(g) = sb.geometry().unwrap() else {
+        panic!("raid6 is a parity geometry")
+    };
+    assert_eq!((g.disks(), g.total_sectors()), (5, 3 * 8192));
+    // Any flipped bit in the checksummed bytes is refused, naming the checksum.
+    for at in [0usize, 72, 80, 130, 200, 258] {
+        let mut c = b.clone();
+        c[at] ^= 0x10;
+        let e = Superblock1::parse(&c).unwrap_err().to_string();
+        assert!(
+            e.contains("checksum") || e.contains("magic"),
+            "byte {at}: {e}"
+        );
+    }
+    assert!(Superblock1::parse(&b[..200]).is_err());
+    let spare = Superblock1 {
+        dev_number: 5,
+        ..sb.clone()
+    };
+    assert_eq!(spare.role(), None);
+    let raid1 = Superblock1 { level: 1, ..sb };
+    assert!(matches!(
+        raid1.geometry(),
+        Err(Error::InvalidLevel { level: 1 })
+    ));
+}

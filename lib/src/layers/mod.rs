@@ -9,6 +9,6 @@ mod striped;
 
 pub(crate) use component::Component;
 pub use queue::{Queue, QueueHandle};
-pub use raid::Raid;
+pub use raid::{Raid, read_md_superblock};
 pub use split::Split;
 pub use striped::Striped;

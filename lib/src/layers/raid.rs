@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tagstripe_scheduler::IoClass;
-use tagstripe_striping::md::{Parity, ParityPiece, Raid10, StripeMap, gf};
+use tagstripe_striping::md::{MdGeometry, Parity, ParityPiece, Raid10, StripeMap, Superblock1, gf};
 
 use crate::{BlockDevice, Caps, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
 
@@ -55,6 +55,8 @@ pub struct Raid {
     members: Vec<parking_lot::RwLock<Arc<dyn DynBlockDevice>>>,
     failed: Vec<AtomicBool>,
     locks: Vec<tokio::sync::Mutex<()>>,
+    /// Each member's data offset.
+    offsets: Vec<u64>,
 }
 
 /// The buffers of one stripe row range, per member (`None`: not read, or failed).
@@ -174,7 +176,114 @@ impl Raid {
             failed: members.iter().map(|_| AtomicBool::new(false)).collect(),
             members: members.into_iter().map(parking_lot::RwLock::new).collect(),
             locks: (0..SHARDS).map(|_| tokio::sync::Mutex::new(())).collect(),
+            offsets: vec![0; disks],
         })
+    }
+
+    /// Assembles an md array from its members' version-1 superblocks (1.2, 1.1 or 1.0), as
+    /// `mdadm --assemble` would, with no md driver: the level, layout, chunk, size, each
+    /// member's role and data offset from the superblocks, `devices` in any order. A member
+    /// whose event count is behind the newest is stale and not read, as md kicks it; a
+    /// role no device holds is missing. Both are served degraded while the array's
+    /// redundancy allows.
+    ///
+    /// # Errors
+    /// [`Error::Component`] naming a device whose superblock cannot be read or belongs to
+    /// another array; [`Error::Geometry`] for a level or layout not laid out here;
+    /// [`Error::Resync`] when more members are missing or stale than the redundancy.
+    pub async fn assemble_md(name: &str, devices: Vec<Arc<dyn DynBlockDevice>>) -> Result<Self> {
+        let mut found = Vec::with_capacity(devices.len());
+        for (i, d) in devices.iter().enumerate() {
+            let sb = read_md_superblock(d.as_ref())
+                .await
+                .map_err(|e| Error::Component {
+                    component: i,
+                    volume_sector: None,
+                    source: Box::new(e),
+                })?;
+            found.push(sb);
+        }
+        let Some(newest) = found.iter().max_by_key(|s| s.events).cloned() else {
+            return Err(Error::BadLength {
+                device: name.to_owned(),
+                what: "no members given".to_owned(),
+            });
+        };
+        for (i, sb) in found.iter().enumerate() {
+            let same = sb.set_uuid == newest.set_uuid
+                && (sb.level, sb.layout, sb.chunk, sb.raid_disks)
+                    == (newest.level, newest.layout, newest.chunk, newest.raid_disks);
+            if !same {
+                return Err(Error::Component {
+                    component: i,
+                    volume_sector: None,
+                    source: Box::new(Error::Geometry(tagstripe_striping::Error::MdSuperblock {
+                        what: format!(
+                            "{} belongs to another array (uuid or geometry differs from {})",
+                            devices[i].info().name,
+                            devices[found
+                                .iter()
+                                .position(|s| s.events == newest.events)
+                                .unwrap_or(0)]
+                            .info()
+                            .name
+                        ),
+                    })),
+                });
+            }
+        }
+        let geometry = newest.geometry()?;
+        let disks = newest.raid_disks as usize;
+        let need = match &geometry {
+            MdGeometry::Parity(g) => g.member_sectors(),
+            MdGeometry::Raid10(r) => r.member_sectors(),
+        };
+        let mut members: Vec<Option<(usize, u64)>> = vec![None; disks];
+        let mut stale = Vec::new();
+        for (i, sb) in found.iter().enumerate() {
+            let Some(role) = sb.role().filter(|&r| r < disks) else {
+                continue;
+            };
+            if sb.events < newest.events {
+                stale.push(role);
+                continue;
+            }
+            members[role] = Some((i, sb.data_offset));
+        }
+        let mut failed = Vec::new();
+        let mut devs = Vec::with_capacity(disks);
+        let mut offsets = Vec::with_capacity(disks);
+        for (role, m) in members.iter().enumerate() {
+            match m {
+                Some((i, off)) => {
+                    devs.push(Arc::clone(&devices[*i]));
+                    offsets.push(*off);
+                }
+                None => {
+                    failed.push(role);
+                    devs.push(Arc::new(Missing::new(role, need)) as Arc<dyn DynBlockDevice>);
+                    offsets.push(0);
+                }
+            }
+        }
+        let raid = match geometry {
+            MdGeometry::Parity(g) => Self::parity(name, g, devs)?,
+            MdGeometry::Raid10(r) => Self::raid10(name, r, devs)?,
+        }
+        .with_data_offsets(offsets)?;
+        if failed.len() > raid.redundancy() {
+            return Err(Error::Resync {
+                component: failed[0],
+                what: format!(
+                    "members {failed:?} are missing or stale ({stale:?} stale): more than the array's redundancy ({})",
+                    raid.redundancy()
+                ),
+            });
+        }
+        for f in failed {
+            raid.fail(f);
+        }
+        Ok(raid)
     }
 
     /// How many members may fail with the data still whole (raid5 1, raid6 2, raid10 its
@@ -209,6 +318,66 @@ impl Raid {
 
     fn member(&self, i: usize) -> Arc<dyn DynBlockDevice> {
         Arc::clone(&self.members[i].read())
+    }
+
+    /// Reads member `i`'s sectors `[at, at + n)` counted from its data offset.
+    async fn mread(&self, i: usize, at: u64, n: u64, opts: IoOpts) -> Result<Bytes> {
+        self.member(i).read(self.offsets[i] + at, n, opts).await
+    }
+
+    /// As [`mread`](Self::mread), into `buf`.
+    async fn mread_into(&self, i: usize, at: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        self.member(i)
+            .read_into(self.offsets[i] + at, buf, opts)
+            .await
+    }
+
+    /// Writes member `i` at sector `at` counted from its data offset.
+    async fn mwrite(&self, i: usize, at: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        self.member(i).write(self.offsets[i] + at, data, opts).await
+    }
+
+    /// Each member's data offset (md's `data_offset`: where member sector 0 of the layout
+    /// is on the device); all 0 unless set. Members whose offsets differ are md's normal
+    /// case (each member's superblock records its own).
+    ///
+    /// # Errors
+    /// [`Error::BadLength`] for a count other than the members', or a member too small
+    /// for the array past its offset.
+    pub fn with_data_offsets(mut self, offsets: Vec<u64>) -> Result<Self> {
+        let need = self.member_sectors();
+        if offsets.len() != self.members.len() {
+            return Err(Error::BadLength {
+                device: self.info.name.clone(),
+                what: format!(
+                    "{} data offsets for {} members",
+                    offsets.len(),
+                    self.members.len()
+                ),
+            });
+        }
+        for (i, &o) in offsets.iter().enumerate() {
+            let have = self.member(i).info().sectors;
+            if have < o.saturating_add(need) {
+                return Err(Error::BadLength {
+                    device: self.info.name.clone(),
+                    what: format!(
+                        "member {i} has {have} sectors, the array needs {need} after its data offset {o}"
+                    ),
+                });
+            }
+        }
+        self.offsets = offsets;
+        Ok(self)
+    }
+
+    /// The sectors of each member the layout uses (past the data offset).
+    #[must_use]
+    pub fn member_sectors(&self) -> u64 {
+        match &self.geo {
+            Geo::Parity(g) => g.member_sectors(),
+            Geo::Raid10(r) => r.member_sectors(),
+        }
     }
 
     /// A member's I/O failed: it is failed, if the array can spare it; the error is then
@@ -253,7 +422,7 @@ impl Raid {
             if self.is_failed(m) {
                 return (m, None);
             }
-            (m, Some(self.member(m).read(at, len, opts).await))
+            (m, Some(self.mread(m, at, len, opts).await))
         });
         let mut row: Row = vec![None; n];
         for (m, r) in futures_util::future::join_all(reads).await {
@@ -366,7 +535,7 @@ impl Raid {
     /// One parity piece read, degraded if its member has failed or fails now.
     async fn read_parity_piece(&self, p: ParityPiece, out: &mut [u8], opts: IoOpts) -> Result<()> {
         if !self.is_failed(p.comp) {
-            match self.member(p.comp).read_into(p.cblk, out, opts).await {
+            match self.mread_into(p.comp, p.cblk, out, opts).await {
                 Ok(()) => return Ok(()),
                 Err(e) => self.member_error(p.comp, e)?,
             }
@@ -423,14 +592,11 @@ impl Raid {
             // Read-modify-write: P' = P + old + new, Q' = Q + g^c (old + new).
             let mut row = vec![None; n];
             let reads = pieces.iter().map(|(p, _)| async move {
-                (
-                    p.comp,
-                    self.member(p.comp).read(p.cblk, p.count, opts).await,
-                )
+                (p.comp, self.mread(p.comp, p.cblk, p.count, opts).await)
             });
             let parity_reads = std::iter::once(s.p)
                 .chain(s.q)
-                .map(|m| async move { (m, self.member(m).read(lo, hi - lo, opts).await) });
+                .map(|m| async move { (m, self.mread(m, lo, hi - lo, opts).await) });
             let (olds, pars) = futures_util::future::join(
                 futures_util::future::join_all(reads),
                 futures_util::future::join_all(parity_reads),
@@ -488,7 +654,7 @@ impl Raid {
                     .collect();
                 let reads = need
                     .iter()
-                    .map(|&m| async move { (m, self.member(m).read(lo, hi - lo, opts).await) });
+                    .map(|&m| async move { (m, self.mread(m, lo, hi - lo, opts).await) });
                 let mut r: Row = vec![None; n];
                 for (m, res) in futures_util::future::join_all(reads).await {
                     match res {
@@ -529,7 +695,7 @@ impl Raid {
         let issued = writes
             .into_iter()
             .filter(|(m, _, _)| !self.is_failed(*m))
-            .map(|(m, at, d)| async move { (m, self.member(m).write(at, d, opts).await) });
+            .map(|(m, at, d)| async move { (m, self.mwrite(m, at, d, opts).await) });
         for (m, r) in futures_util::future::join_all(issued).await {
             if let Err(e) = r {
                 self.member_error(m, e)?;
@@ -550,7 +716,9 @@ impl Raid {
             Geo::Parity(g) => (g.member_sectors(), g.chunk()),
             Geo::Raid10(r) => (r.member_sectors(), r.chunk()),
         };
-        if member >= self.members.len() || device.info().sectors < need {
+        if member >= self.members.len()
+            || device.info().sectors < self.offsets[member].saturating_add(need)
+        {
             return Err(Error::BadLength {
                 device: device.info().name.clone(),
                 what: format!("cannot stand in for member {member} ({need} sectors needed)"),
@@ -593,7 +761,9 @@ impl Raid {
                     }
                 }
             };
-            device.write(at, Bytes::from(data), opts).await?;
+            device
+                .write(self.offsets[member] + at, Bytes::from(data), opts)
+                .await?;
             at += n;
         }
         device.flush(opts).await?;
@@ -625,9 +795,9 @@ impl Raid {
                         return Err(self.too_degraded());
                     }
                     let (p, q) = Self::parity_of(&s, &row, (g.chunk() * 512) as usize);
-                    self.member(s.p).write(at, Bytes::from(p), opts).await?;
+                    self.mwrite(s.p, at, Bytes::from(p), opts).await?;
                     if let (Some(qm), Some(q)) = (s.q, q) {
-                        self.member(qm).write(at, Bytes::from(q), opts).await?;
+                        self.mwrite(qm, at, Bytes::from(q), opts).await?;
                     }
                 }
             }
@@ -637,7 +807,7 @@ impl Raid {
                     let _stripe = self.lock(l / r.chunk()).lock().await;
                     let d = Bytes::from(self.read_copy(r, l, r.chunk(), None, opts).await?);
                     for (m, at) in r.copies(l).into_iter().skip(1) {
-                        self.member(m).write(at, d.clone(), opts).await?;
+                        self.mwrite(m, at, d.clone(), opts).await?;
                     }
                     l += r.chunk();
                 }
@@ -660,7 +830,7 @@ impl Raid {
             if Some(m) == skip || self.is_failed(m) {
                 continue;
             }
-            match self.member(m).read(at, sectors, opts).await {
+            match self.mread(m, at, sectors, opts).await {
                 Ok(b) => return Ok(b.to_vec()),
                 Err(e) => self.member_error(m, e)?,
             }
@@ -751,7 +921,7 @@ impl BlockDevice for Raid {
                             let copies = p.copies.iter().filter(|(m, _)| !self.is_failed(*m)).map(
                                 |&(m, c)| {
                                     let d = d.clone();
-                                    async move { (m, self.member(m).write(c, d, opts).await) }
+                                    async move { (m, self.mwrite(m, c, d, opts).await) }
                                 },
                             );
                             for (m, res) in futures_util::future::join_all(copies).await {
@@ -789,5 +959,73 @@ impl BlockDevice for Raid {
             device: self.info.name.clone(),
             op: "discard (parity and copies would have to follow)",
         })
+    }
+}
+
+/// The first md version-1 superblock found on `d` (1.2, then 1.1, then 1.0).
+///
+/// # Errors
+/// [`Error::Geometry`] with what each location held, I/O errors.
+pub async fn read_md_superblock(d: &dyn DynBlockDevice) -> Result<Superblock1> {
+    let sectors = d.info().sectors;
+    let mut why = Vec::new();
+    for (at, version) in Superblock1::locations(sectors) {
+        if at + 8 > sectors {
+            continue;
+        }
+        let b = d.read(at, 8, IoOpts::new()).await?;
+        match Superblock1::parse(&b) {
+            Ok(sb) if sb.super_offset == at => return Ok(sb),
+            Ok(sb) => why.push(format!(
+                "{version} at sector {at}: says it is at {}",
+                sb.super_offset
+            )),
+            Err(e) => why.push(format!("{version} at sector {at}: {e}")),
+        }
+    }
+    Err(Error::Geometry(tagstripe_striping::Error::MdSuperblock {
+        what: format!("none on {} ({})", d.info().name, why.join("; ")),
+    }))
+}
+
+/// A member no device holds: every request fails; the array serves around it.
+#[derive(Debug)]
+struct Missing {
+    info: DeviceInfo,
+}
+
+impl Missing {
+    fn new(role: usize, sectors: u64) -> Self {
+        Self {
+            info: DeviceInfo::new(format!("missing member {role}"), sectors),
+        }
+    }
+
+    fn gone(&self, op: &'static str, start: u64, sectors: u64) -> Error {
+        Error::Io {
+            device: self.info.name.clone(),
+            op,
+            start,
+            sectors,
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        }
+    }
+}
+
+impl BlockDevice for Missing {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
+        Err(self.gone("read", start, sectors))
+    }
+    async fn write(&self, start: u64, data: Bytes, _opts: IoOpts) -> Result<()> {
+        Err(self.gone("write", start, data.len() as u64 / 512))
+    }
+    async fn flush(&self, _opts: IoOpts) -> Result<()> {
+        Err(self.gone("flush", 0, 0))
+    }
+    async fn discard(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<()> {
+        Err(self.gone("discard", start, sectors))
     }
 }
