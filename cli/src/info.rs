@@ -89,6 +89,18 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
             Err(e) => return fail("info", "runtime", &e.to_string(), args.json),
         },
     };
+    // An md member's version-1 superblock, if it carries one.
+    let md = {
+        let read = tagstripe::read_md_superblock(dev.as_ref());
+        match &rt {
+            Some(rt) => rt.block_on(read).ok(),
+            None => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()
+                .and_then(|rt| rt.block_on(read).ok()),
+        }
+    };
     let info = dev.info();
     let resolved = set.resolve(&info.identity);
     let applied = match resolved.settings.apply(&info.limits) {
@@ -111,6 +123,7 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
                 "hardware_limits": limits_json(&info.limits),
                 "quirks": q,
                 "metadata": metadata_json(&meta),
+                "md": md.as_ref().map(md_json),
                 "caps": caps_json(&info.caps),
             })
         );
@@ -143,6 +156,9 @@ pub(crate) fn run(args: &InfoArgs) -> ExitCode {
     }
     outln!("{}", caps_line(&info.caps));
     outln!("{}", metadata_line(&meta));
+    if let Some(sb) = &md {
+        outln!("{}", md_line(sb));
+    }
     let l = &info.limits;
     outln!(
         "hardware: max_hw_sectors {} max_sectors {} max_segments {} chunk {} discard {} tags {}",
@@ -287,4 +303,54 @@ fn metadata_json(m: &Meta) -> serde_json::Value {
         }),
         Err(e) => json!({"error": e.to_string()}),
     }
+}
+
+/// An md member's superblock in one line.
+fn md_line(sb: &tagstripe::striping::md::Superblock1) -> String {
+    let role = sb
+        .role()
+        .map_or_else(|| "spare or faulty".to_owned(), |r| format!("member {r}"));
+    let layout = md_layout_name(sb);
+    format!(
+        "md: array {:?} ({}), raid{} {layout}, chunk {} sectors, {} members, {role}, events {}, data offset {} sectors, {} sectors used",
+        sb.set_name,
+        hex(&sb.set_uuid),
+        sb.level,
+        sb.chunk,
+        sb.raid_disks,
+        sb.events,
+        sb.data_offset,
+        sb.size
+    )
+}
+
+/// mdadm's name for the superblock's layout, or md's number.
+fn md_layout_name(sb: &tagstripe::striping::md::Superblock1) -> String {
+    use tagstripe::striping::md::{ParityLayout, Raid10Layout};
+    match sb.level {
+        5 | 6 => ParityLayout::from_md(sb.layout)
+            .map_or_else(|| format!("layout {}", sb.layout), |l| l.name().to_owned()),
+        10 => Raid10Layout::from_md(sb.layout)
+            .map_or_else(|_| format!("layout {:#x}", sb.layout), |l| l.to_string()),
+        _ => format!("layout {}", sb.layout),
+    }
+}
+
+fn md_json(sb: &tagstripe::striping::md::Superblock1) -> serde_json::Value {
+    json!({
+        "array": sb.set_name,
+        "uuid": hex(&sb.set_uuid),
+        "level": sb.level,
+        "layout": md_layout_name(sb),
+        "chunk": sb.chunk,
+        "raid_disks": sb.raid_disks,
+        "role": sb.role(),
+        "events": sb.events,
+        "data_offset": sb.data_offset,
+        "size": sb.size,
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

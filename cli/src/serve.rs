@@ -83,6 +83,22 @@ pub(crate) struct ServeArgs {
     /// Largest request a client may send, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_request: u32,
+    /// Serve the components as an md array of this level instead of a ccd geometry:
+    /// raid5, raid6 or raid10 (member sector 0 at each component's start, or at
+    /// --reserved).
+    #[arg(long, value_enum, conflicts_with_all = ["md", "mirror", "uniform"])]
+    level: Option<crate::map_md::Level>,
+    /// With --level: md's layout as mdadm names it (default left-symmetric; raid10 n2).
+    #[arg(long = "layout", requires = "level")]
+    md_layout: Option<String>,
+    /// With --level: chunk in sectors (default 1024, mdadm's 512 KiB).
+    #[arg(long, requires = "level", default_value_t = 1024)]
+    chunk: u64,
+    /// The components are an md array's members: assemble it from their version-1
+    /// superblocks (level, layout, chunk, roles, data offsets), as `mdadm --assemble` does,
+    /// with no md driver; stale or missing members are served around.
+    #[arg(long, conflicts_with_all = ["mirror", "uniform"])]
+    md: bool,
     /// Components: files, block devices, or nbd://host[:port][/export]. With one, that
     /// device is exported directly.
     #[arg(required = true)]
@@ -320,6 +336,26 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
     let comps = components::open_all(&args.components, o)
         .await
         .map_err(|e| refuse("open", &e))?;
+    if args.md || args.level.is_some() {
+        let raid = md_array(args, comps).await?;
+        let device = Arc::new(raid) as Arc<dyn DynBlockDevice>;
+        let e = Export::device(&args.export, Arc::clone(&device))
+            .description("an md array served by tagstripe")
+            .read_only(args.read_only);
+        let mut server = NbdServer::new(checked.config.clone()).export_entry(e);
+        for (name, class) in &args.class_export {
+            server = server.export_entry(
+                Export::device(name, Arc::clone(&device))
+                    .read_only(args.read_only)
+                    .class(*class),
+            );
+        }
+        return Ok(Assembled {
+            device,
+            volume: None,
+            server: Arc::new(server),
+        });
+    }
     let (device, volume): (Arc<dyn DynBlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
         (Arc::clone(&comps[0]), None)
     } else {
@@ -362,6 +398,69 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         volume,
         server: Arc::new(server),
     })
+}
+
+/// The md array `--md` or `--level` asks for, over `comps`.
+async fn md_array(
+    args: &ServeArgs,
+    comps: Vec<Arc<dyn DynBlockDevice>>,
+) -> Result<tagstripe::Raid, Refused> {
+    use tagstripe::striping::md::{Parity, ParityLayout, Raid10, Raid10Layout};
+    let fail = |e: String| refuse("md", &e);
+    if args.md {
+        let raid = tagstripe::Raid::assemble_md(&args.export, comps)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if !raid.failed().is_empty() {
+            say_err(&format!(
+                "md array assembled degraded: members {:?} missing or stale",
+                raid.failed()
+            ));
+        }
+        return Ok(raid);
+    }
+    let Some(level) = args.level else {
+        return Err(fail("--md or --level is needed".into()));
+    };
+    let offset = args.layout.reserved.unwrap_or(0);
+    let size = comps
+        .iter()
+        .map(|c| c.info().sectors.saturating_sub(offset))
+        .min()
+        .unwrap_or(0);
+    let disks = comps.len();
+    let raid = match level {
+        crate::map_md::Level::Raid5 | crate::map_md::Level::Raid6 => {
+            let layout: ParityLayout = args
+                .md_layout
+                .as_deref()
+                .unwrap_or("left-symmetric")
+                .parse()
+                .map_err(|e: tagstripe::striping::Error| fail(e.to_string()))?;
+            let n = if level == crate::map_md::Level::Raid5 {
+                5
+            } else {
+                6
+            };
+            let g =
+                Parity::new(n, layout, disks, args.chunk, size).map_err(|e| fail(e.to_string()))?;
+            tagstripe::Raid::parity(&args.export, g, comps)
+        }
+        crate::map_md::Level::Raid10 => {
+            let layout: Raid10Layout = args
+                .md_layout
+                .as_deref()
+                .unwrap_or("n2")
+                .parse()
+                .map_err(|e: tagstripe::striping::Error| fail(e.to_string()))?;
+            let g =
+                Raid10::new(layout, disks, args.chunk, size).map_err(|e| fail(e.to_string()))?;
+            tagstripe::Raid::raid10(&args.export, g, comps)
+        }
+    }
+    .and_then(|r| r.with_data_offsets(vec![offset; disks]))
+    .map_err(|e| fail(e.to_string()))?;
+    Ok(raid)
 }
 
 /// An address beyond loopback with nobody kept out is refused unless the user says so.
@@ -417,6 +516,12 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
     );
     match &volume {
         Some(v) => say!("{}", v.geometry()),
+        None if args.md || args.level.is_some() => say!(
+            "md array over {} members, {} sectors, logical block {} bytes",
+            args.components.len(),
+            info.sectors,
+            info.limits.logical_block_size
+        ),
         None => say!("one component, exported directly: {}", info.name),
     }
     for (name, class) in &args.class_export {
