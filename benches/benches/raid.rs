@@ -1,0 +1,142 @@
+//! Group `raid`: md's raid5 served by `Raid` against raid0 (a `Volume` striped over the
+//! same kind of members, no queues) on four 64 MiB memory members with 64 KiB chunks:
+//! - full-stripe writes (192 KiB, stripe-aligned: parity from the new data alone, no
+//!   read) against raid0's writes of the same size;
+//! - 4 KiB random writes, 32 in flight (read-modify-write: two reads and two writes each);
+//! - 1 MiB reads, healthy and with a member failed (a quarter of the chunks rebuilt from
+//!   the other three and P).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tagstripe::quirks::QuirkSet;
+use tagstripe::striping::Flavor;
+use tagstripe::striping::md::{Parity, ParityLayout};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MemDevice, Raid, Volume};
+
+const MEMBER: u64 = 64 * 2048;
+const CHUNK: u64 = 128;
+
+fn members() -> Vec<Arc<dyn DynBlockDevice>> {
+    (0..4)
+        .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), MEMBER)) as Arc<dyn DynBlockDevice>)
+        .collect()
+}
+
+fn raid5() -> Raid {
+    let g = Parity::new(5, ParityLayout::LeftSymmetric, 4, CHUNK, MEMBER).expect("geometry");
+    Raid::parity("md", g, members()).expect("raid5")
+}
+
+fn raid0() -> Volume {
+    Volume::builder(members())
+        .flavor(Flavor::Md(tagstripe::striping::MdLayout::Alt))
+        .interleave(CHUNK)
+        .queue(false)
+        .quirks(QuirkSet::empty())
+        .build()
+        .expect("raid0")
+}
+
+/// Sequential writes of `bytes` at a time over `dev`, 16 MiB a round.
+async fn seq_writes<D: BlockDevice>(dev: &D, at: &mut u64, bytes: u64) {
+    let data = Bytes::from(vec![0x5au8; bytes as usize]);
+    let (n, total) = (bytes / 512, dev.info().sectors);
+    for _ in 0..(16 << 20) / bytes {
+        if *at + n > total {
+            *at = 0;
+        }
+        dev.write(*at, data.clone(), IoOpts::new()).await.expect("write");
+        *at += n;
+    }
+}
+
+/// 1 MiB reads over `dev`, 16 MiB a round.
+async fn seq_reads<D: BlockDevice>(dev: &D, at: &mut u64, buf: &mut [u8]) {
+    let total = dev.info().sectors;
+    for _ in 0..16 {
+        if *at + 2048 > total {
+            *at = 0;
+        }
+        dev.read_into(*at, buf, IoOpts::new()).await.expect("read");
+        *at += 2048;
+    }
+}
+
+fn bench_raid(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let r5 = Arc::new(raid5());
+    let r0 = Arc::new(raid0());
+    let mut g = c.benchmark_group("raid");
+    let stripe = CHUNK * 512 * 3;
+    g.throughput(Throughput::Bytes(16 << 20));
+    let mut at = 0;
+    g.bench_function(BenchmarkId::new("full-stripe-write", "raid5"), |b| {
+        b.iter(|| rt.block_on(seq_writes(r5.as_ref(), &mut at, stripe)));
+    });
+    let mut at = 0;
+    g.bench_function(BenchmarkId::new("full-stripe-write", "raid0"), |b| {
+        b.iter(|| rt.block_on(seq_writes(r0.as_ref(), &mut at, stripe)));
+    });
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    g.bench_function(BenchmarkId::new("1m-read", "raid5-healthy"), |b| {
+        b.iter(|| rt.block_on(seq_reads(r5.as_ref(), &mut at, &mut buf)));
+    });
+    let degraded = Raid::parity(
+        "md",
+        Parity::new(5, ParityLayout::LeftSymmetric, 4, CHUNK, MEMBER).expect("geometry"),
+        members(),
+    )
+    .expect("raid5");
+    rt.block_on(degraded.write(0, Bytes::from(vec![1u8; 32 << 20]), IoOpts::new()))
+        .expect("fill");
+    degraded.fail(1);
+    let mut at = 0;
+    g.bench_function(BenchmarkId::new("1m-read", "raid5-degraded"), |b| {
+        b.iter(|| rt.block_on(seq_reads(&degraded, &mut at, &mut buf)));
+    });
+    let batch = 32 * 64;
+    g.throughput(Throughput::Elements(batch));
+    for (name, dev) in [
+        ("raid5", Arc::clone(&r5) as Arc<dyn DynBlockDevice>),
+        ("raid0", Arc::clone(&r0) as Arc<dyn DynBlockDevice>),
+    ] {
+        let total = dev.info().sectors;
+        let mut round = 0u64;
+        g.bench_function(BenchmarkId::new("4k-randwrite-qd32", name), |b| {
+            b.iter(|| {
+                round += 1;
+                rt.block_on(async {
+                    let mut tasks = Vec::with_capacity(32);
+                    for w in 0..32u64 {
+                        let dev = Arc::clone(&dev);
+                        tasks.push(tokio::spawn(async move {
+                            let mut x = (w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round;
+                            let data = Bytes::from(vec![w as u8; 4096]);
+                            for _ in 0..64 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                                let s = x % (total / 8) * 8;
+                                dev.write(s, data.clone(), IoOpts::new()).await.unwrap();
+                            }
+                        }));
+                    }
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_raid);
+criterion_main!(benches);
