@@ -47,7 +47,9 @@ async fn seq_writes<D: BlockDevice>(dev: &D, at: &mut u64, bytes: u64) {
         if *at + n > total {
             *at = 0;
         }
-        dev.write(*at, data.clone(), IoOpts::new()).await.expect("write");
+        dev.write(*at, data.clone(), IoOpts::new())
+            .await
+            .expect("write");
         *at += n;
     }
 }

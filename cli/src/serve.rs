@@ -244,6 +244,8 @@ struct Checked {
 struct Assembled {
     device: Arc<dyn DynBlockDevice>,
     volume: Option<Arc<Volume>>,
+    /// An md array (`--md`, `--level`), closed cleanly at the stop.
+    raid: Option<Arc<tagstripe::Raid>>,
     server: Arc<NbdServer>,
 }
 
@@ -337,8 +339,8 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         .await
         .map_err(|e| refuse("open", &e))?;
     if args.md || args.level.is_some() {
-        let raid = md_array(args, comps).await?;
-        let device = Arc::new(raid) as Arc<dyn DynBlockDevice>;
+        let raid = Arc::new(md_array(args, comps).await?);
+        let device = Arc::clone(&raid) as Arc<dyn DynBlockDevice>;
         let e = Export::device(&args.export, Arc::clone(&device))
             .description("an md array served by tagstripe")
             .read_only(args.read_only);
@@ -353,6 +355,7 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         return Ok(Assembled {
             device,
             volume: None,
+            raid: Some(raid),
             server: Arc::new(server),
         });
     }
@@ -396,6 +399,7 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
     Ok(Assembled {
         device,
         volume,
+        raid: None,
         server: Arc::new(server),
     })
 }
@@ -491,6 +495,7 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
     let Assembled {
         device,
         volume,
+        raid,
         server,
     } = a;
     let info = device.info().clone();
@@ -575,9 +580,10 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         }
         // A volume closes cleanly: its mirror's bitmap cleared, so the next start copies
         // nothing.
-        let flushed = match &volume {
-            Some(v) => v.close().await,
-            None => device.flush(IoOpts::new()).await,
+        let flushed = match (&volume, &raid) {
+            (Some(v), _) => v.close().await,
+            (None, Some(r)) => r.close().await,
+            (None, None) => device.flush(IoOpts::new()).await,
         };
         if let Err(e) = flushed {
             eprintln!("tagstripe serve: flush on exit failed: {e}");

@@ -30,6 +30,11 @@ fn members(dir: &Path, events: &[u64]) -> Vec<PathBuf> {
 }
 
 fn write_superblock(p: &Path, role: usize, events: u64) {
+    write_superblock_faulty(p, role, events, None);
+}
+
+/// As [`write_superblock`], recording member `faulty` as md records a failed one.
+fn write_superblock_faulty(p: &Path, role: usize, events: u64, faulty: Option<usize>) {
     use std::os::unix::fs::FileExt;
     let sb = Superblock1 {
         feature_map: 0,
@@ -45,7 +50,16 @@ fn write_superblock(p: &Path, role: usize, events: u64) {
         super_offset: 8,
         dev_number: role as u32,
         events,
-        dev_roles: vec![0, 1, 2, 3],
+        resync_offset: u64::MAX,
+        dev_roles: (0..4u16)
+            .map(|r| {
+                if Some(usize::from(r)) == faulty {
+                    tagstripe_striping::md::ROLE_FAULTY
+                } else {
+                    r
+                }
+            })
+            .collect(),
     };
     let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
     f.write_all_at(&sb.encode(), 8 * 512).unwrap();
@@ -102,9 +116,14 @@ fn serve_md_assembles_members_laid_out_by_hand() {
     assert!(said.contains("[1]"), "{said}");
     drop(s);
 
-    // Member 3 behind on events (it missed an update) and garbage in its data: left out.
+    // Member 3 failed (the others record it faulty, an event on) and garbage in its data:
+    // left out.
     for (i, f) in files.iter().enumerate() {
-        write_superblock(f, i, if i == 3 { 5 } else { 6 });
+        if i == 3 {
+            write_superblock(f, i, 5);
+        } else {
+            write_superblock_faulty(f, i, 6, Some(3));
+        }
     }
     {
         use std::os::unix::fs::FileExt;

@@ -989,6 +989,10 @@ pub struct Superblock1 {
     pub dev_number: u32,
     /// The event count (the newest wins at assembly).
     pub events: u64,
+    /// Data before this member sector is known in sync; `u64::MAX` (md's `MaxSector`)
+    /// when the array was stopped cleanly. Anything else: a crash may have left a
+    /// stripe's parity behind its data, and the array must be resynced.
+    pub resync_offset: u64,
     /// Each device number's role: a member index, or 0xffff spare, 0xfffe faulty,
     /// 0xfffd journal.
     pub dev_roles: Vec<u16>,
@@ -1085,6 +1089,7 @@ impl Superblock1 {
             super_offset: le64(b, 144),
             dev_number: le32(b, 160),
             events: le64(b, 200),
+            resync_offset: le64(b, 208),
             dev_roles: (0..max_dev)
                 .map(|i| u16::from_le_bytes([b[256 + 2 * i], b[257 + 2 * i]]))
                 .collect(),
@@ -1117,6 +1122,7 @@ impl Superblock1 {
         put64(&mut b, 144, self.super_offset);
         put32(&mut b, 160, self.dev_number);
         put64(&mut b, 200, self.events);
+        put64(&mut b, 208, self.resync_offset);
         let max_dev = self.dev_roles.len().min(1920);
         put32(&mut b, 220, max_dev as u32);
         for (i, r) in self.dev_roles.iter().take(max_dev).enumerate() {
@@ -1131,10 +1137,23 @@ impl Superblock1 {
     /// for a spare, a faulty device or a journal.
     #[must_use]
     pub fn role(&self) -> Option<usize> {
+        self.role_of(self.dev_number as usize)
+    }
+
+    /// The role device number `dev` has in this superblock's view (`None`: spare, faulty,
+    /// journal, or no such device).
+    #[must_use]
+    pub fn role_of(&self, dev: usize) -> Option<usize> {
         self.dev_roles
-            .get(self.dev_number as usize)
+            .get(dev)
             .filter(|&&r| r < 0xff00)
             .map(|&r| usize::from(r))
+    }
+
+    /// Whether the array was stopped cleanly (no resync owed).
+    #[must_use]
+    pub fn clean(&self) -> bool {
+        self.resync_offset == u64::MAX
     }
 
     /// The layout the superblock describes, as this module maps it.

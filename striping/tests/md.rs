@@ -374,6 +374,7 @@ fn superblocks_round_trip_and_refuse_corruption() {
         super_offset: 8,
         dev_number: 3,
         events: 42,
+        resync_offset: u64::MAX,
         dev_roles: vec![0, 1, 2, 3, 4, 0xffff],
     };
     let b = sb.encode();

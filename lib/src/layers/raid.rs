@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tagstripe_scheduler::IoClass;
-use tagstripe_striping::md::{MdGeometry, Parity, ParityPiece, Raid10, StripeMap, Superblock1, gf};
+use tagstripe_striping::md::{
+    MdGeometry, Parity, ParityPiece, ROLE_FAULTY, Raid10, StripeMap, Superblock1, gf,
+};
 
 use crate::{BlockDevice, Caps, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
 
@@ -57,6 +59,21 @@ pub struct Raid {
     locks: Vec<tokio::sync::Mutex<()>>,
     /// Each member's data offset.
     offsets: Vec<u64>,
+    /// An array assembled from md superblocks keeps them as md does.
+    md: Option<MdState>,
+}
+
+/// The superblocks of an array assembled from md members, kept as md keeps them: marked
+/// dirty (`resync_offset` 0) before the first write, clean again at a clean stop, a failed
+/// member recorded as faulty before any write that failed it is acknowledged.
+#[derive(Debug)]
+struct MdState {
+    /// Each role's superblock (`None`: no device holds the role).
+    sbs: tokio::sync::Mutex<Vec<Option<Superblock1>>>,
+    /// What the superblocks on the members say: dirty.
+    dirty: AtomicBool,
+    /// The failed members the superblocks record.
+    recorded: parking_lot::Mutex<Vec<usize>>,
 }
 
 /// The buffers of one stripe row range, per member (`None`: not read, or failed).
@@ -177,15 +194,17 @@ impl Raid {
             members: members.into_iter().map(parking_lot::RwLock::new).collect(),
             locks: (0..SHARDS).map(|_| tokio::sync::Mutex::new(())).collect(),
             offsets: vec![0; disks],
+            md: None,
         })
     }
 
     /// Assembles an md array from its members' version-1 superblocks (1.2, 1.1 or 1.0), as
     /// `mdadm --assemble` would, with no md driver: the level, layout, chunk, size, each
     /// member's role and data offset from the superblocks, `devices` in any order. A member
-    /// whose event count is behind the newest is stale and not read, as md kicks it; a
+    /// the newest superblock records as faulty is stale and not read, as md kicks it; a
     /// role no device holds is missing. Both are served degraded while the array's
-    /// redundancy allows.
+    /// redundancy allows. An array not stopped cleanly is resynced before it serves (its
+    /// parity recomputed, as md does without a bitmap), or refused if it is also degraded.
     ///
     /// # Errors
     /// [`Error::Component`] naming a device whose superblock cannot be read or belongs to
@@ -244,8 +263,18 @@ impl Raid {
             let Some(role) = sb.role().filter(|&r| r < disks) else {
                 continue;
             };
-            if sb.events < newest.events {
+            // Stale is what the newest superblock says: a member md failed is recorded
+            // faulty there (its own superblock still claims the role). A member merely
+            // behind on events, still in its role there, missed only a superblock update
+            // cut short (all of them are written before any data): it is current.
+            if newest.role_of(sb.dev_number as usize) != Some(role) {
                 stale.push(role);
+                continue;
+            }
+            if sb.events < newest.events {
+                tracing::info!(target: "tagstripe::raid", array = name, member = role, events = sb.events, newest = newest.events, "superblock behind the newest, still in its role: included");
+            }
+            if members[role].is_some_and(|(j, _)| found[j].events >= sb.events) {
                 continue;
             }
             members[role] = Some((i, sb.data_offset));
@@ -280,10 +309,157 @@ impl Raid {
                 ),
             });
         }
-        for f in failed {
+        let mut raid = raid;
+        for &f in &failed {
             raid.fail(f);
         }
+        let mut sbs: Vec<Option<Superblock1>> = vec![None; disks];
+        for (role, m) in members.iter().enumerate() {
+            if let Some((i, _)) = m {
+                sbs[role] = Some(found[*i].clone());
+            }
+        }
+        raid.md = Some(MdState {
+            sbs: tokio::sync::Mutex::new(sbs),
+            dirty: AtomicBool::new(!newest.clean()),
+            recorded: parking_lot::Mutex::new(failed.clone()),
+        });
+        if !newest.clean() {
+            if !failed.is_empty() {
+                if !raid.info.read_only {
+                    return Err(Error::Resync {
+                        component: failed[0],
+                        what: format!(
+                            "the array was not stopped cleanly and members {failed:?} are missing or stale: \
+                             its parity cannot be trusted to rebuild them (md refuses to start a dirty \
+                             degraded array); open it read-only, or bring the members back"
+                        ),
+                    });
+                }
+                tracing::warn!(target: "tagstripe::raid", array = name, "dirty and degraded: served read-only, parity unchecked");
+            } else if !raid.info.read_only {
+                tracing::warn!(target: "tagstripe::raid", array = name, "not stopped cleanly: resyncing parity before serving");
+                raid.resync_parity().await?;
+                raid.md_record(false).await?;
+            }
+        }
         Ok(raid)
+    }
+
+    /// Writes every member's superblock: `dirty` or clean, the failed members faulty, the
+    /// event count one up. A member that cannot take it is failed (recorded on the others
+    /// in the same pass).
+    async fn md_record(&self, dirty: bool) -> Result<()> {
+        let Some(md) = &self.md else { return Ok(()) };
+        let mut sbs = md.sbs.lock().await;
+        loop {
+            let failed = self.failed();
+            let events = sbs.iter().flatten().map(|s| s.events).max().unwrap_or(0) + 1;
+            let mut writes = Vec::new();
+            for (role, sb) in sbs.iter_mut().enumerate() {
+                let Some(sb) = sb else { continue };
+                sb.events = events;
+                sb.resync_offset = if dirty { 0 } else { u64::MAX };
+                for dev in 0..sb.dev_roles.len() {
+                    if sb.role_of(dev).is_some_and(|r| failed.contains(&r)) {
+                        sb.dev_roles[dev] = ROLE_FAULTY;
+                    }
+                }
+                if !failed.contains(&role) {
+                    writes.push((role, sb.super_offset, Bytes::from(sb.encode())));
+                }
+            }
+            let issued = writes.into_iter().map(|(role, at, b)| async move {
+                let r = self
+                    .member(role)
+                    .write(at, b, IoOpts::new().fua(true))
+                    .await;
+                (role, r)
+            });
+            let mut again = false;
+            for (role, r) in futures_util::future::join_all(issued).await {
+                if let Err(e) = r {
+                    self.member_error(role, e)?;
+                    again = true;
+                }
+            }
+            if !again {
+                *md.recorded.lock() = failed;
+                md.dirty.store(dirty, Ordering::Release);
+                return Ok(());
+            }
+        }
+    }
+
+    /// An md array's rebuilt member `role` gets a superblock of its own (a new device
+    /// number, the role's data offset, version 1.2 at sector 8), and every member records
+    /// it.
+    async fn md_adopt(&self, role: usize) -> Result<()> {
+        let Some(md) = &self.md else { return Ok(()) };
+        {
+            let mut sbs = md.sbs.lock().await;
+            let Some(template) = sbs.iter().flatten().next().cloned() else {
+                return Ok(());
+            };
+            let dev_number = template.dev_roles.len();
+            let role16 = u16::try_from(role).unwrap_or(u16::MAX);
+            for sb in sbs.iter_mut().flatten() {
+                sb.dev_roles.push(role16);
+            }
+            let mut sb = template;
+            sb.dev_roles.push(role16);
+            sb.dev_number = u32::try_from(dev_number).unwrap_or(u32::MAX);
+            sb.data_offset = self.offsets[role];
+            // Version 1.2's place (sector 8) when the data starts past it, else 1.0's at
+            // the end; neither may overlap the data.
+            let end = self.member(role).info().sectors.saturating_sub(16) & !7;
+            sb.super_offset = if sb.data_offset >= 16 {
+                8
+            } else if end >= sb.data_offset + self.member_sectors() {
+                end
+            } else {
+                tracing::warn!(target: "tagstripe::raid", array = %self.info.name, role, "no room for a superblock on the rebuilt member: it is not recorded");
+                return Ok(());
+            };
+            sbs[role] = Some(sb);
+        }
+        // In sync now: the failed set the superblocks record no longer holds it.
+        self.failed[role].store(false, Ordering::Release);
+        let dirty = md.dirty.load(Ordering::Acquire);
+        self.md_record(dirty).await
+    }
+
+    /// Before a write: an md array is marked dirty on its members first (once).
+    async fn md_before_write(&self) -> Result<()> {
+        match &self.md {
+            Some(md) if !md.dirty.load(Ordering::Acquire) => self.md_record(true).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// After a write, before it is acknowledged: a member it failed is recorded as faulty.
+    async fn md_after_write(&self) -> Result<()> {
+        match &self.md {
+            Some(md) if *md.recorded.lock() != self.failed() => self.md_record(true).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// A clean stop: flushes the members and, for an array assembled from md members,
+    /// marks them clean, so the next assembly owes no resync. Call it when no more writes
+    /// come.
+    ///
+    /// # Errors
+    /// The flush's, or a superblock write's.
+    pub async fn close(&self) -> Result<()> {
+        if self.info.read_only {
+            return Ok(());
+        }
+        self.flush(IoOpts::new()).await?;
+        match &self.md {
+            Some(md) if md.dirty.load(Ordering::Acquire) => self.md_record(false).await,
+            _ => Ok(()),
+        }
     }
 
     /// How many members may fail with the data still whole (raid5 1, raid6 2, raid10 its
@@ -767,6 +943,7 @@ impl Raid {
             at += n;
         }
         device.flush(opts).await?;
+        self.md_adopt(member).await?;
         self.failed[member].store(false, Ordering::Release);
         tracing::info!(target: "tagstripe::raid", array = %self.info.name, member, "member rebuilt: in sync");
         Ok(())
@@ -890,6 +1067,25 @@ impl BlockDevice for Raid {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
+        self.md_before_write().await?;
+        self.write_geo(start, sectors, data, opts).await?;
+        self.md_after_write().await
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        self.flush_members(opts).await
+    }
+
+    async fn discard(&self, _start: u64, _sectors: u64, _opts: IoOpts) -> Result<()> {
+        Err(Error::Unsupported {
+            device: self.info.name.clone(),
+            op: "discard (parity and copies would have to follow)",
+        })
+    }
+}
+
+impl Raid {
+    async fn write_geo(&self, start: u64, sectors: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         match &self.geo {
             Geo::Parity(g) => {
                 let pieces = g.map(start, sectors)?;
@@ -942,7 +1138,7 @@ impl BlockDevice for Raid {
         Ok(())
     }
 
-    async fn flush(&self, opts: IoOpts) -> Result<()> {
+    async fn flush_members(&self, opts: IoOpts) -> Result<()> {
         let flushes = (0..self.members.len())
             .filter(|&m| !self.is_failed(m))
             .map(|m| async move { (m, self.member(m).flush(opts).await) });
@@ -952,13 +1148,6 @@ impl BlockDevice for Raid {
             }
         }
         Ok(())
-    }
-
-    async fn discard(&self, _start: u64, _sectors: u64, _opts: IoOpts) -> Result<()> {
-        Err(Error::Unsupported {
-            device: self.info.name.clone(),
-            op: "discard (parity and copies would have to follow)",
-        })
     }
 }
 
