@@ -930,9 +930,7 @@ pub mod gf {
             return;
         }
         if c == 1 {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d ^= s;
-            }
+            xor_into(dst, src);
             return;
         }
         // One row of the multiplication table: a lookup a byte.
@@ -943,6 +941,62 @@ pub mod gf {
         for (d, s) in dst.iter_mut().zip(src) {
             *d ^= row[*s as usize];
         }
+    }
+
+    /// `dst ^= src`, eight bytes at a time.
+    pub fn xor_into(dst: &mut [u8], src: &[u8]) {
+        let n = dst.len().min(src.len());
+        let (dst, src) = (&mut dst[..n], &src[..n]);
+        let mut d8 = dst.chunks_exact_mut(8);
+        let mut s8 = src.chunks_exact(8);
+        for (d, s) in (&mut d8).zip(&mut s8) {
+            let x = u64::from_ne_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+                ^ u64::from_ne_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+            d.copy_from_slice(&x.to_ne_bytes());
+        }
+        for (d, s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+            *d ^= s;
+        }
+    }
+
+    /// `dst = srcs[0] + srcs[1] + ...` (XOR), in blocks that stay in the first-level cache
+    /// while every source is added: one pass over each source and one over `dst`.
+    pub fn xor_sum(dst: &mut [u8], srcs: &[&[u8]]) {
+        const BLOCK: usize = 4096;
+        let Some((first, rest)) = srcs.split_first() else {
+            dst.fill(0);
+            return;
+        };
+        let mut at = 0;
+        while at < dst.len() {
+            let end = (at + BLOCK).min(dst.len());
+            dst[at..end].copy_from_slice(&first[at..end]);
+            for s in rest {
+                xor_into(&mut dst[at..end], &s[at..end]);
+            }
+            at = end;
+        }
+    }
+
+    /// `srcs[0] + srcs[1] + ...` (XOR) into a new buffer of `len` bytes, as
+    /// [`xor_sum`], without zeroing it first.
+    #[must_use]
+    pub fn xor_sum_new(srcs: &[&[u8]], len: usize) -> Vec<u8> {
+        const BLOCK: usize = 4096;
+        let Some((first, rest)) = srcs.split_first() else {
+            return vec![0u8; len];
+        };
+        let mut out = Vec::with_capacity(len);
+        let mut at = 0;
+        while at < len {
+            let end = (at + BLOCK).min(len);
+            out.extend_from_slice(&first[at..end]);
+            for s in rest {
+                xor_into(&mut out[at..end], &s[at..end]);
+            }
+            at = end;
+        }
+        out
     }
 
     /// `buf = c · buf`.

@@ -688,6 +688,26 @@ impl Raid {
         }
     }
 
+    /// P and Q from each data member's bytes (`sources[m]`, all `len` long).
+    fn parity_from(
+        s: &StripeMap,
+        sources: &[Option<&[u8]>],
+        len: usize,
+    ) -> (Vec<u8>, Option<Vec<u8>>) {
+        let data: Vec<&[u8]> = s.data.iter().filter_map(|&m| sources[m]).collect();
+        let p = gf::xor_sum_new(&data, len);
+        let q = s.q.map(|_| {
+            let mut q = vec![0u8; len];
+            for (c, &m) in s.syndrome_order().iter().enumerate() {
+                if let Some(d) = sources[m] {
+                    gf::mul_acc(&mut q, gf::pow2(c), d);
+                }
+            }
+            q
+        });
+        (p, q)
+    }
+
     /// P and Q of a row whose data chunks are all present.
     fn parity_of(s: &StripeMap, row: &Row, len: usize) -> (Vec<u8>, Option<Vec<u8>>) {
         let mut p = vec![0u8; len];
@@ -842,11 +862,6 @@ impl Raid {
                         }
                     }
                 }
-                for &m in &s.data {
-                    if r[m].is_none() {
-                        r[m] = Some(vec![0u8; len]);
-                    }
-                }
                 r
             };
             for (p, new) in pieces {
@@ -855,8 +870,20 @@ impl Raid {
                     b[at..at + new.len()].copy_from_slice(new);
                 }
             }
-            let (pb, qb) = Self::parity_of(&s, &row, len);
-            (pb, qb, row)
+            // A member the new data covers whole is taken from it as it is (no copy): a
+            // full-stripe write reads nothing and copies nothing before the parity.
+            let sources: Vec<Option<&[u8]>> = (0..n)
+                .map(|m| {
+                    row[m].as_deref().or_else(|| {
+                        pieces
+                            .iter()
+                            .find(|(p, _)| p.comp == m)
+                            .map(|(_, d)| &d[..])
+                    })
+                })
+                .collect();
+            let (pb, qb) = Self::parity_from(&s, &sources, len);
+            (pb, qb, Row::new())
         };
         let _ = data;
         // The new data, then P and Q, to every member that has not failed.
