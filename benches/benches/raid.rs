@@ -2,6 +2,8 @@
 //! same kind of members, no queues) on four 64 MiB memory members with 64 KiB chunks:
 //! - full-stripe writes (192 KiB, stripe-aligned: parity from the new data alone, no
 //!   read) against raid0's writes of the same size;
+//! - 64 KiB sequential writes, one chunk at a time (partial stripes: the stripe cache
+//!   serves all but the first of each stripe's reads);
 //! - 4 KiB random writes, 32 in flight (read-modify-write: two reads and two writes each);
 //! - 1 MiB reads, healthy and with a member failed (a quarter of the chunks rebuilt from
 //!   the other three and P).
@@ -87,6 +89,15 @@ fn bench_raid(c: &mut Criterion) {
     let mut at = 0;
     g.bench_function(BenchmarkId::new("full-stripe-write", "raid0"), |b| {
         b.iter(|| rt.block_on(seq_writes(r0.as_ref(), &mut at, stripe)));
+    });
+    // A sequential writer of one chunk at a time: partial stripes, the stripe cache's case.
+    let mut at = 0;
+    g.bench_function(BenchmarkId::new("64k-seq-write", "raid5"), |b| {
+        b.iter(|| rt.block_on(seq_writes(r5.as_ref(), &mut at, CHUNK * 512)));
+    });
+    let mut at = 0;
+    g.bench_function(BenchmarkId::new("64k-seq-write", "raid0"), |b| {
+        b.iter(|| rt.block_on(seq_writes(r0.as_ref(), &mut at, CHUNK * 512)));
     });
     let mut buf = vec![0u8; 1 << 20];
     let mut at = 0;

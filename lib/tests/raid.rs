@@ -557,3 +557,89 @@ async fn a_power_cut_at_every_point_leaves_no_write_hole() {
         "the cuts fell inside the write only {cuts_seen} times"
     );
 }
+
+/// A member that counts the reads it serves.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<MemDevice>,
+    reads: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl BlockDevice for Counted {
+    fn info(&self) -> &tagstripe::DeviceInfo {
+        self.inner.info()
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<Bytes> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.read(start, sectors, opts).await
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.write(start, data, opts).await
+    }
+    async fn flush(&self, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.flush(opts).await
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.discard(start, sectors, opts).await
+    }
+}
+
+/// A sequential writer of one chunk at a time: the first write to each stripe reads the
+/// rest of the row, the next ones read nothing (the stripe is cached, written through),
+/// and every member ends byte for byte as a healthy array written at once would hold it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_chunk_writes_read_once_a_stripe_and_stay_exact() {
+    for (kind, disks) in [
+        (Kind::Parity(5, ParityLayout::LeftSymmetric), 4),
+        (Kind::Parity(6, ParityLayout::LeftAsymmetric), 6),
+    ] {
+        let m = members(disks);
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted: Vec<Arc<dyn DynBlockDevice>> = m
+            .iter()
+            .map(|d| {
+                Arc::new(Counted {
+                    inner: Arc::clone(d),
+                    reads: Arc::clone(&reads),
+                }) as _
+            })
+            .collect();
+        let a = array(&kind, disks, counted);
+        let total = a.info().sectors;
+        let mut model = vec![0u8; (total * 512) as usize];
+        let data_disks = (stripe_sectors(&kind, disks) / CHUNK) as usize;
+        let mut at = 0;
+        let mut reads_per_stripe = Vec::new();
+        while at < total {
+            let before = reads.load(std::sync::atomic::Ordering::SeqCst);
+            for k in 0..data_disks as u64 {
+                let data: Vec<u8> = (0..CHUNK * 512).map(|i| (at + k + i) as u8).collect();
+                let s = at + k * CHUNK;
+                a.write(s, Bytes::from(data.clone()), IoOpts::new())
+                    .await
+                    .unwrap();
+                model[(s * 512) as usize..((s + CHUNK) * 512) as usize].copy_from_slice(&data);
+            }
+            reads_per_stripe.push(reads.load(std::sync::atomic::Ordering::SeqCst) - before);
+            at += CHUNK * data_disks as u64;
+        }
+        // The first chunk's write reads the row's other data chunks; the rest none.
+        assert!(
+            reads_per_stripe
+                .iter()
+                .all(|&r| r == (data_disks - 1) as u64),
+            "{kind:?}: member reads per stripe {reads_per_stripe:?}"
+        );
+        verify(&a, &model, &format!("{kind:?} sequential")).await;
+        let fresh = members(disks);
+        let f = array(&kind, disks, erased(&fresh));
+        f.write(0, Bytes::from(model.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        for i in 0..disks {
+            let want = fresh[i].read(0, MEMBER, IoOpts::new()).await.unwrap();
+            let have = m[i].read(0, MEMBER, IoOpts::new()).await.unwrap();
+            assert!(want == have, "{kind:?}: member {i} differs");
+        }
+    }
+}

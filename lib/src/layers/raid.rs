@@ -1,15 +1,18 @@
 //! md's raid5, raid6 and raid10 served from their members: reads from the data, degraded
 //! reads rebuilt from parity (XOR for P; raid6's Q over GF(2^8), two failures), writes by
 //! read-modify-write or reconstruct-write (whichever reads less), full-stripe writes with no
-//! read at all, raid10's copies, and a member rebuilt in place.
+//! read at all, a write-through stripe cache (a sequential writer's second and later chunks
+//! of a stripe read nothing), raid10's copies, and a member rebuilt in place.
 //!
 //! The layouts are `tagstripe_striping::md`'s, exact with md's, so the member images of an
 //! md array (from its data offset on) are read and written as md would.
 //!
-//! What it does not do yet: keep a write-intent bitmap or a partial-parity log. A crash
-//! between a stripe's data and parity writes can leave its parity stale (md's "write
-//! hole"); until the array is resynced (`Raid::resync_parity`), a later degraded read of
-//! that stripe could return wrong bytes.
+//! The write hole (a crash between a stripe's data and parity writes leaves parity that
+//! disagrees, and a later degraded read would rebuild wrong bytes) is closed as md closes it
+//! without a bitmap: an array assembled from md members is marked dirty on every member
+//! before its first write and clean at a clean stop, and a dirty array is resynced
+//! ([`Raid::resync_parity`]) before it serves. An array built by hand ([`Raid::parity`])
+//! has no superblocks: call `resync_parity` after a crash.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,7 +64,12 @@ pub struct Raid {
     offsets: Vec<u64>,
     /// An array assembled from md superblocks keeps them as md does.
     md: Option<MdState>,
+    /// Recently written stripes' whole chunk rows (data members), written through.
+    cache: parking_lot::Mutex<std::collections::VecDeque<(u64, Row)>>,
 }
+
+/// Stripes the write-through cache keeps.
+const CACHED_STRIPES: usize = 32;
 
 /// The superblocks of an array assembled from md members, kept as md keeps them: marked
 /// dirty (`resync_offset` 0) before the first write, clean again at a clean stop, a failed
@@ -195,6 +203,7 @@ impl Raid {
             locks: (0..SHARDS).map(|_| tokio::sync::Mutex::new(())).collect(),
             offsets: vec![0; disks],
             md: None,
+            cache: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -748,6 +757,22 @@ impl Raid {
         Ok(())
     }
 
+    /// Takes stripe `stripe`'s cached rows, if kept (the caller holds its lock).
+    fn cache_take(&self, stripe: u64) -> Option<Row> {
+        let mut c = self.cache.lock();
+        let i = c.iter().position(|(s, _)| *s == stripe)?;
+        c.remove(i).map(|(_, r)| r)
+    }
+
+    /// Keeps stripe `stripe`'s rows, the oldest let go past the cache's size.
+    fn cache_put(&self, stripe: u64, row: Row) {
+        let mut c = self.cache.lock();
+        c.push_back((stripe, row));
+        while c.len() > CACHED_STRIPES {
+            c.pop_front();
+        }
+    }
+
     /// Writes the new data `pieces` (all in stripe `stripe`) and the stripe's parity.
     async fn write_stripe(
         &self,
@@ -784,108 +809,148 @@ impl Raid {
             .filter(|&&m| covered(m) < hi - lo)
             .map(|_| hi - lo)
             .sum();
-        let (p_new, q_new, data): (Vec<u8>, Option<Vec<u8>>, Row) = if !degraded && rmw < rcw {
-            // Read-modify-write: P' = P + old + new, Q' = Q + g^c (old + new).
-            let mut row = vec![None; n];
-            let reads = pieces.iter().map(|(p, _)| async move {
-                (p.comp, self.mread(p.comp, p.cblk, p.count, opts).await)
-            });
-            let parity_reads = std::iter::once(s.p)
-                .chain(s.q)
-                .map(|m| async move { (m, self.mread(m, lo, hi - lo, opts).await) });
-            let (olds, pars) = futures_util::future::join(
-                futures_util::future::join_all(reads),
-                futures_util::future::join_all(parity_reads),
-            )
-            .await;
-            let mut fail = None;
-            let mut par: Row = vec![None; n];
-            for (m, r) in pars {
-                match r {
-                    Ok(b) => par[m] = Some(b.to_vec()),
-                    Err(e) => fail = Some((m, e)),
-                }
-            }
-            let mut old = Vec::with_capacity(olds.len());
-            for (m, r) in olds {
-                match r {
-                    Ok(b) => old.push(b),
-                    Err(e) => fail = Some((m, e)),
-                }
-            }
-            if let Some((m, e)) = fail {
-                // Fall back to the degraded path with this member gone.
-                self.member_error(m, e)?;
-                drop(_stripe);
-                return Box::pin(self.write_stripe(g, stripe, pieces, opts)).await;
-            }
-            let order = s.syndrome_order();
-            let mut pbuf = par[s.p].take().unwrap_or_default();
-            let mut qbuf = s.q.and_then(|q| par[q].take());
-            for ((p, new), old) in pieces.iter().zip(&old) {
-                let at = ((p.cblk - lo) * 512) as usize;
-                let mut delta = old.to_vec();
-                gf::mul_acc(&mut delta, 1, new);
-                gf::mul_acc(&mut pbuf[at..at + delta.len()], 1, &delta);
-                if let Some(q) = &mut qbuf {
-                    let c = order.iter().position(|&m| m == p.comp).unwrap_or(0);
-                    gf::mul_acc(&mut q[at..at + delta.len()], gf::pow2(c), &delta);
-                }
-                row[p.comp] = None;
-            }
-            (pbuf, qbuf, row)
+        let row_start = stripe * g.chunk();
+        let full_row = lo == row_start && hi == row_start + g.chunk();
+        let cached = if degraded {
+            self.cache.lock().clear();
+            None
         } else {
-            // Reconstruct-write (degraded: every survivor read and the missing data
-            // recovered first): whole data chunks over [lo, hi), then P and Q from them.
-            let mut row: Row = if degraded {
-                let mut r = self.read_row(&s, lo, hi - lo, opts).await?;
-                self.recover_data(&s, &mut r)?;
-                r
-            } else {
-                let need: Vec<usize> = s
-                    .data
-                    .iter()
-                    .copied()
-                    .filter(|&m| covered(m) < hi - lo)
-                    .collect();
-                let reads = need
-                    .iter()
-                    .map(|&m| async move { (m, self.mread(m, lo, hi - lo, opts).await) });
-                let mut r: Row = vec![None; n];
-                for (m, res) in futures_util::future::join_all(reads).await {
-                    match res {
-                        Ok(b) => r[m] = Some(b.to_vec()),
-                        Err(e) => {
-                            self.member_error(m, e)?;
-                            drop(_stripe);
-                            return Box::pin(self.write_stripe(g, stripe, pieces, opts)).await;
-                        }
+            self.cache_take(stripe)
+        };
+        let (p_new, q_new, data): (Vec<u8>, Option<Vec<u8>>, Option<Row>) =
+            if let Some(mut entry) = cached {
+                // The stripe's data is in the cache (written through a moment ago): nothing
+                // to read, the parity from memory.
+                for (p, new) in pieces {
+                    let at = ((p.cblk - row_start) * 512) as usize;
+                    if let Some(b) = &mut entry[p.comp] {
+                        b[at..at + new.len()].copy_from_slice(new);
                     }
                 }
-                r
-            };
-            for (p, new) in pieces {
-                let at = ((p.cblk - lo) * 512) as usize;
-                if let Some(b) = &mut row[p.comp] {
-                    b[at..at + new.len()].copy_from_slice(new);
+                let (a, b) = (
+                    ((lo - row_start) * 512) as usize,
+                    ((hi - row_start) * 512) as usize,
+                );
+                let sources: Vec<Option<&[u8]>> = entry
+                    .iter()
+                    .map(|e| e.as_deref().map(|x| &x[a..b]))
+                    .collect();
+                let (pb, qb) = Self::parity_from(&s, &sources, len);
+                (pb, qb, Some(entry))
+            } else if !degraded && rmw < rcw {
+                // Read-modify-write: P' = P + old + new, Q' = Q + g^c (old + new).
+                let reads = pieces.iter().map(|(p, _)| async move {
+                    (p.comp, self.mread(p.comp, p.cblk, p.count, opts).await)
+                });
+                let parity_reads = std::iter::once(s.p)
+                    .chain(s.q)
+                    .map(|m| async move { (m, self.mread(m, lo, hi - lo, opts).await) });
+                let (olds, pars) = futures_util::future::join(
+                    futures_util::future::join_all(reads),
+                    futures_util::future::join_all(parity_reads),
+                )
+                .await;
+                let mut fail = None;
+                let mut par: Row = vec![None; n];
+                for (m, r) in pars {
+                    match r {
+                        Ok(b) => par[m] = Some(b.to_vec()),
+                        Err(e) => fail = Some((m, e)),
+                    }
                 }
-            }
-            // A member the new data covers whole is taken from it as it is (no copy): a
-            // full-stripe write reads nothing and copies nothing before the parity.
-            let sources: Vec<Option<&[u8]>> = (0..n)
-                .map(|m| {
-                    row[m].as_deref().or_else(|| {
-                        pieces
-                            .iter()
-                            .find(|(p, _)| p.comp == m)
-                            .map(|(_, d)| &d[..])
+                let mut old = Vec::with_capacity(olds.len());
+                for (m, r) in olds {
+                    match r {
+                        Ok(b) => old.push(b),
+                        Err(e) => fail = Some((m, e)),
+                    }
+                }
+                if let Some((m, e)) = fail {
+                    // Fall back to the degraded path with this member gone.
+                    self.member_error(m, e)?;
+                    drop(_stripe);
+                    return Box::pin(self.write_stripe(g, stripe, pieces, opts)).await;
+                }
+                let order = s.syndrome_order();
+                let mut pbuf = par[s.p].take().unwrap_or_default();
+                let mut qbuf = s.q.and_then(|q| par[q].take());
+                for ((p, new), old) in pieces.iter().zip(&old) {
+                    let at = ((p.cblk - lo) * 512) as usize;
+                    let mut delta = old.to_vec();
+                    gf::mul_acc(&mut delta, 1, new);
+                    gf::mul_acc(&mut pbuf[at..at + delta.len()], 1, &delta);
+                    if let Some(q) = &mut qbuf {
+                        let c = order.iter().position(|&m| m == p.comp).unwrap_or(0);
+                        gf::mul_acc(&mut q[at..at + delta.len()], gf::pow2(c), &delta);
+                    }
+                }
+                (pbuf, qbuf, None)
+            } else {
+                // Reconstruct-write (degraded: every survivor read and the missing data
+                // recovered first): whole data chunks over [lo, hi), then P and Q from them.
+                let mut row: Row = if degraded {
+                    let mut r = self.read_row(&s, lo, hi - lo, opts).await?;
+                    self.recover_data(&s, &mut r)?;
+                    r
+                } else {
+                    let need: Vec<usize> = s
+                        .data
+                        .iter()
+                        .copied()
+                        .filter(|&m| covered(m) < hi - lo)
+                        .collect();
+                    let reads = need
+                        .iter()
+                        .map(|&m| async move { (m, self.mread(m, lo, hi - lo, opts).await) });
+                    let mut r: Row = vec![None; n];
+                    for (m, res) in futures_util::future::join_all(reads).await {
+                        match res {
+                            Ok(b) => r[m] = Some(b.to_vec()),
+                            Err(e) => {
+                                self.member_error(m, e)?;
+                                drop(_stripe);
+                                return Box::pin(self.write_stripe(g, stripe, pieces, opts)).await;
+                            }
+                        }
+                    }
+                    r
+                };
+                for (p, new) in pieces {
+                    let at = ((p.cblk - lo) * 512) as usize;
+                    if let Some(b) = &mut row[p.comp] {
+                        b[at..at + new.len()].copy_from_slice(new);
+                    }
+                }
+                // A member the new data covers whole is taken from it as it is (no copy): a
+                // full-stripe write reads nothing and copies nothing before the parity.
+                let sources: Vec<Option<&[u8]>> = (0..n)
+                    .map(|m| {
+                        row[m].as_deref().or_else(|| {
+                            pieces
+                                .iter()
+                                .find(|(p, _)| p.comp == m)
+                                .map(|(_, d)| &d[..])
+                        })
                     })
-                })
-                .collect();
-            let (pb, qb) = Self::parity_from(&s, &sources, len);
-            (pb, qb, Row::new())
-        };
-        let _ = data;
+                    .collect();
+                let (pb, qb) = Self::parity_from(&s, &sources, len);
+                // A small write that read the rest of a whole chunk row leaves the row
+                // known: kept, so the next write to the stripe (a sequential writer's) reads
+                // nothing. A full-stripe write is not kept (the next one goes elsewhere).
+                let keep = !degraded && full_row && pieces.len() < s.data.len();
+                let entry = keep.then(|| {
+                    (0..n)
+                        .map(|m| {
+                            if s.data.contains(&m) {
+                                sources[m].map(<[u8]>::to_vec)
+                            } else {
+                                None
+                            }
+                        })
+                        .collect::<Row>()
+                });
+                (pb, qb, entry)
+            };
         // The new data, then P and Q, to every member that has not failed.
         let mut writes: Vec<(usize, u64, Bytes)> = pieces
             .iter()
@@ -899,10 +964,16 @@ impl Raid {
             .into_iter()
             .filter(|(m, _, _)| !self.is_failed(*m))
             .map(|(m, at, d)| async move { (m, self.mwrite(m, at, d, opts).await) });
+        let mut all_written = true;
         for (m, r) in futures_util::future::join_all(issued).await {
             if let Err(e) = r {
+                all_written = false;
+                self.cache.lock().clear();
                 self.member_error(m, e)?;
             }
+        }
+        if let (true, Some(entry)) = (all_written, data) {
+            self.cache_put(stripe, entry);
         }
         Ok(())
     }
