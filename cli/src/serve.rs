@@ -421,7 +421,7 @@ async fn md_array(
                 raid.failed()
             ));
         }
-        return Ok(raid);
+        return Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()));
     }
     let Some(level) = args.level else {
         return Err(fail("--md or --level is needed".into()));
@@ -464,7 +464,7 @@ async fn md_array(
     }
     .and_then(|r| r.with_data_offsets(vec![offset; disks]))
     .map_err(|e| fail(e.to_string()))?;
-    Ok(raid)
+    Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()))
 }
 
 /// An address beyond loopback with nobody kept out is refused unless the user says so.

@@ -516,7 +516,7 @@ impl VolumeBuilder {
 
 /// Each component's queue: one pool for the components on one physical device
 /// (`DeviceInfo::media`), unless [`share_queues`](VolumeBuilder::share_queues) is off.
-fn queues_for(
+pub(crate) fn queues_for(
     components: &[Arc<dyn DynBlockDevice>],
     share: bool,
     fair: FairConfig,

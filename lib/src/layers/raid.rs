@@ -66,6 +66,10 @@ pub struct Raid {
     md: Option<MdState>,
     /// Recently written stripes' whole chunk rows (data members), written through.
     cache: parking_lot::Mutex<std::collections::VecDeque<(u64, Row)>>,
+    /// A rebuild under way: the member, sectors done, sectors in all.
+    rebuilding: parking_lot::Mutex<Option<(usize, u64, u64)>>,
+    /// Members sit behind tagged queues (a rebuilt member's device is put behind one too).
+    queued: Option<tagstripe_scheduler::FairConfig>,
 }
 
 /// Stripes the write-through cache keeps.
@@ -204,6 +208,8 @@ impl Raid {
             offsets: vec![0; disks],
             md: None,
             cache: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            rebuilding: parking_lot::Mutex::new(None),
+            queued: None,
         })
     }
 
@@ -497,6 +503,13 @@ impl Raid {
             .collect()
     }
 
+    /// Whether member `i` holds current data up to member sector `end`: not failed, or
+    /// being rebuilt and rebuilt past `end` already (md's recovery offset).
+    fn usable(&self, i: usize, end: u64) -> bool {
+        !self.is_failed(i)
+            || matches!(*self.rebuilding.lock(), Some((r, done, _)) if r == i && end <= done)
+    }
+
     fn is_failed(&self, i: usize) -> bool {
         self.failed[i].load(Ordering::Acquire)
     }
@@ -554,6 +567,31 @@ impl Raid {
         }
         self.offsets = offsets;
         Ok(self)
+    }
+
+    /// Puts each member behind a CAM-like tagged queue with the I/O classes' fairness, as
+    /// a [`crate::Volume`] does (members on one physical device share one queue), so a
+    /// rebuild or resync in the idle class gives way to clients' requests at the devices.
+    #[must_use]
+    pub fn with_queues(self, fair: tagstripe_scheduler::FairConfig) -> Self {
+        let devs: Vec<Arc<dyn DynBlockDevice>> =
+            (0..self.members.len()).map(|i| self.member(i)).collect();
+        let queues = crate::volume::queues_for(&devs, true, fair);
+        for (slot, q) in self.members.iter().zip(queues) {
+            if let Some(q) = q {
+                *slot.write() = Arc::new(q);
+            }
+        }
+        Self {
+            queued: Some(fair),
+            ..self
+        }
+    }
+
+    /// A rebuild under way: `(member, sectors done, sectors in all)`.
+    #[must_use]
+    pub fn rebuild_progress(&self) -> Option<(usize, u64, u64)> {
+        *self.rebuilding.lock()
     }
 
     /// The sectors of each member the layout uses (past the data offset).
@@ -791,7 +829,7 @@ impl Raid {
         let len = ((hi - lo) * 512) as usize;
         let _stripe = self.lock(stripe).lock().await;
         let n = s.data.len() + 1 + usize::from(s.q.is_some());
-        let degraded = (0..n).any(|m| self.is_failed(m));
+        let degraded = (0..n).any(|m| !self.usable(m, hi));
         let covered = |m: usize| {
             pieces
                 .iter()
@@ -962,7 +1000,7 @@ impl Raid {
         }
         let issued = writes
             .into_iter()
-            .filter(|(m, _, _)| !self.is_failed(*m))
+            .filter(|(m, _, _)| self.usable(*m, hi))
             .map(|(m, at, d)| async move { (m, self.mwrite(m, at, d, opts).await) });
         let mut all_written = true;
         for (m, r) in futures_util::future::join_all(issued).await {
@@ -999,16 +1037,34 @@ impl Raid {
             });
         }
         self.fail(member);
+        let device: Arc<dyn DynBlockDevice> = match self.queued {
+            Some(fair) => crate::volume::queues_for(&[Arc::clone(&device)], false, fair)
+                .pop()
+                .flatten()
+                .map_or(device, |q| Arc::new(q) as Arc<dyn DynBlockDevice>),
+            None => device,
+        };
         *self.members[member].write() = Arc::clone(&device);
+        *self.rebuilding.lock() = Some((member, 0, need));
+        let _progress = ClearOnDrop(&self.rebuilding);
         let opts = IoOpts::new().class(IoClass::Idle);
         let mut at = 0;
         while at < need {
             let n = chunk.min(need - at);
+            // The stripe (raid10: the chunk) stays locked from its read to the rebuilt
+            // member's write and the progress that makes writers write it too: a client's
+            // write to it lands before or after, never between.
+            let key = match &self.geo {
+                Geo::Parity(_) => Some(at / chunk),
+                Geo::Raid10(r) => r.volume_sector(member, at).map(|l| l / chunk),
+            };
+            let _stripe = match key {
+                Some(k) => Some(self.lock(k).lock().await),
+                None => None,
+            };
             let data = match &self.geo {
                 Geo::Parity(g) => {
-                    let stripe = at / chunk;
-                    let s = g.stripe(stripe);
-                    let _stripe = self.lock(stripe).lock().await;
+                    let s = g.stripe(at / chunk);
                     let mut row = self.read_row(&s, at, n, opts).await?;
                     self.recover_data(&s, &mut row)?;
                     let len = (n * 512) as usize;
@@ -1021,24 +1077,17 @@ impl Raid {
                         row[member].take().ok_or_else(|| self.too_degraded())?
                     }
                 }
-                Geo::Raid10(r) => {
-                    let lblk = r
-                        .volume_sector(member, at)
-                        .ok_or_else(|| self.too_degraded());
-                    match lblk {
-                        Ok(l) => {
-                            let _stripe = self.lock(l / chunk).lock().await;
-                            self.read_copy(r, l, n, Some(member), opts).await?
-                        }
-                        // Past the array's data: nothing to copy.
-                        Err(_) => vec![0u8; (n * 512) as usize],
-                    }
-                }
+                Geo::Raid10(r) => match r.volume_sector(member, at) {
+                    Some(l) => self.read_copy(r, l, n, Some(member), opts).await?,
+                    // Past the array's data: nothing to copy.
+                    None => vec![0u8; (n * 512) as usize],
+                },
             };
             device
                 .write(self.offsets[member] + at, Bytes::from(data), opts)
                 .await?;
             at += n;
+            *self.rebuilding.lock() = Some((member, at, need));
         }
         device.flush(opts).await?;
         self.md_adopt(member).await?;
@@ -1205,31 +1254,32 @@ impl Raid {
             }
             Geo::Raid10(r) => {
                 let pieces = r.map(start, sectors)?;
-                let writes =
-                    pieces.into_iter().map(|p| {
-                        let at = ((p.lblk - start) * 512) as usize;
-                        let d = data.slice(at..at + (p.count * 512) as usize);
-                        async move {
-                            let _stripe = self.lock(p.lblk / r.chunk()).lock().await;
-                            let mut wrote = 0;
-                            let copies = p.copies.iter().filter(|(m, _)| !self.is_failed(*m)).map(
-                                |&(m, c)| {
-                                    let d = d.clone();
-                                    async move { (m, self.mwrite(m, c, d, opts).await) }
-                                },
-                            );
-                            for (m, res) in futures_util::future::join_all(copies).await {
-                                match res {
-                                    Ok(()) => wrote += 1,
-                                    Err(e) => self.member_error(m, e)?,
-                                }
+                let writes = pieces.into_iter().map(|p| {
+                    let at = ((p.lblk - start) * 512) as usize;
+                    let d = data.slice(at..at + (p.count * 512) as usize);
+                    async move {
+                        let _stripe = self.lock(p.lblk / r.chunk()).lock().await;
+                        let mut wrote = 0;
+                        let copies = p
+                            .copies
+                            .iter()
+                            .filter(|&&(m, c)| self.usable(m, c + p.count))
+                            .map(|&(m, c)| {
+                                let d = d.clone();
+                                async move { (m, self.mwrite(m, c, d, opts).await) }
+                            });
+                        for (m, res) in futures_util::future::join_all(copies).await {
+                            match res {
+                                Ok(()) => wrote += 1,
+                                Err(e) => self.member_error(m, e)?,
                             }
-                            if wrote == 0 {
-                                return Err(self.too_degraded());
-                            }
-                            Ok(())
                         }
-                    });
+                        if wrote == 0 {
+                            return Err(self.too_degraded());
+                        }
+                        Ok(())
+                    }
+                });
                 crate::device::all(writes).await?;
             }
         }
@@ -1273,6 +1323,15 @@ pub async fn read_md_superblock(d: &dyn DynBlockDevice) -> Result<Superblock1> {
     Err(Error::Geometry(tagstripe_striping::Error::MdSuperblock {
         what: format!("none on {} ({})", d.info().name, why.join("; ")),
     }))
+}
+
+/// Clears a rebuild's progress when the rebuild ends, however it ends.
+struct ClearOnDrop<'a>(&'a parking_lot::Mutex<Option<(usize, u64, u64)>>);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() = None;
+    }
 }
 
 /// A member no device holds: every request fails; the array serves around it.
