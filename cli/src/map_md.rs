@@ -218,3 +218,44 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
     }
     ExitCode::SUCCESS
 }
+
+/// An md array of `level` over `comps` (member sector 0 at `offset` on each), named `name`,
+/// behind tagged queues: what `serve --level` and `bench --level` serve.
+pub(crate) fn build_raid(
+    name: &str,
+    level: Level,
+    layout: Option<&str>,
+    chunk: u64,
+    offset: u64,
+    comps: Vec<std::sync::Arc<dyn tagstripe::DynBlockDevice>>,
+) -> Result<tagstripe::Raid, String> {
+    use tagstripe::BlockDevice;
+    let size = comps
+        .iter()
+        .map(|c| c.info().sectors.saturating_sub(offset))
+        .min()
+        .unwrap_or(0);
+    let disks = comps.len();
+    let raid = match level {
+        Level::Raid5 | Level::Raid6 => {
+            let layout: ParityLayout = layout
+                .unwrap_or("left-symmetric")
+                .parse()
+                .map_err(|e: Error| e.to_string())?;
+            let n = if level == Level::Raid5 { 5 } else { 6 };
+            let g = Parity::new(n, layout, disks, chunk, size).map_err(|e| e.to_string())?;
+            tagstripe::Raid::parity(name, g, comps)
+        }
+        Level::Raid10 => {
+            let layout: Raid10Layout = layout
+                .unwrap_or("n2")
+                .parse()
+                .map_err(|e: Error| e.to_string())?;
+            let g = Raid10::new(layout, disks, chunk, size).map_err(|e| e.to_string())?;
+            tagstripe::Raid::raid10(name, g, comps)
+        }
+    }
+    .and_then(|r| r.with_data_offsets(vec![offset; disks]))
+    .map_err(|e| e.to_string())?;
+    Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()))
+}

@@ -409,7 +409,6 @@ async fn md_array(
     args: &ServeArgs,
     comps: Vec<Arc<dyn DynBlockDevice>>,
 ) -> Result<tagstripe::Raid, Refused> {
-    use tagstripe::striping::md::{Parity, ParityLayout, Raid10, Raid10Layout};
     let fail = |e: String| refuse("md", &e);
     if args.md {
         let raid = tagstripe::Raid::assemble_md(&args.export, comps)
@@ -426,45 +425,16 @@ async fn md_array(
     let Some(level) = args.level else {
         return Err(fail("--md or --level is needed".into()));
     };
-    let offset = args.layout.reserved.unwrap_or(0);
-    let size = comps
-        .iter()
-        .map(|c| c.info().sectors.saturating_sub(offset))
-        .min()
-        .unwrap_or(0);
-    let disks = comps.len();
-    let raid = match level {
-        crate::map_md::Level::Raid5 | crate::map_md::Level::Raid6 => {
-            let layout: ParityLayout = args
-                .md_layout
-                .as_deref()
-                .unwrap_or("left-symmetric")
-                .parse()
-                .map_err(|e: tagstripe::striping::Error| fail(e.to_string()))?;
-            let n = if level == crate::map_md::Level::Raid5 {
-                5
-            } else {
-                6
-            };
-            let g =
-                Parity::new(n, layout, disks, args.chunk, size).map_err(|e| fail(e.to_string()))?;
-            tagstripe::Raid::parity(&args.export, g, comps)
-        }
-        crate::map_md::Level::Raid10 => {
-            let layout: Raid10Layout = args
-                .md_layout
-                .as_deref()
-                .unwrap_or("n2")
-                .parse()
-                .map_err(|e: tagstripe::striping::Error| fail(e.to_string()))?;
-            let g =
-                Raid10::new(layout, disks, args.chunk, size).map_err(|e| fail(e.to_string()))?;
-            tagstripe::Raid::raid10(&args.export, g, comps)
-        }
-    }
-    .and_then(|r| r.with_data_offsets(vec![offset; disks]))
-    .map_err(|e| fail(e.to_string()))?;
-    Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()))
+    let raid = crate::map_md::build_raid(
+        &args.export,
+        level,
+        args.md_layout.as_deref(),
+        args.chunk,
+        args.layout.reserved.unwrap_or(0),
+        comps,
+    )
+    .map_err(fail)?;
+    Ok(raid)
 }
 
 /// An address beyond loopback with nobody kept out is refused unless the user says so.

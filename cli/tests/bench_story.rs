@@ -236,3 +236,32 @@ fn the_text_run_ends_with_a_summary_table() {
     assert!(tail.contains("sweep: best sequential"), "{tail}");
     assert!(!tail.contains("bonnie"), "only the phases that ran: {tail}");
 }
+
+/// `bench --level raid6` runs the sweep and bonnie on an md array over the components: the
+/// volume is the array's size (4 members of 8 MiB, 2 data: 16 MiB), its numbers are there,
+/// and a layout md does not have is refused with exit 2.
+#[test]
+fn the_story_runs_on_an_md_array() {
+    let (code, out, err) = tagstripe(&[
+        "bench", "--quick", "--json", "--size", "8M", "--phases", "bonnie", "--level", "raid6",
+        "--chunk", "64",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(j["volume_bytes"], 16u64 << 20, "{out}");
+    assert!(j["bonnie"]["block_write_mb_s"].as_f64().unwrap() > 0.0);
+    let (code, _, err) = tagstripe(&[
+        "bench",
+        "--quick",
+        "--size",
+        "8M",
+        "--phases",
+        "bonnie",
+        "--level",
+        "raid5",
+        "--layout",
+        "left-symmetric-6",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("left-symmetric-6"), "{err}");
+}

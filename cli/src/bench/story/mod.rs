@@ -37,6 +37,17 @@ pub(crate) struct RunArgs {
     interleave: u64,
     #[command(flatten)]
     layout: LayoutArgs,
+    /// An md array of this level over the components instead of a ccd stripe (raid5,
+    /// raid6, raid10), for the sweep and the bonnie-style summary; the fairness story
+    /// measures the tagged queue on the ccd stripe either way.
+    #[arg(long, value_enum, conflicts_with_all = ["mirror", "uniform"])]
+    level: Option<crate::map_md::Level>,
+    /// With --level: md's layout as mdadm names it (default left-symmetric; raid10 n2).
+    #[arg(long = "layout", requires = "level")]
+    md_layout: Option<String>,
+    /// With --level: chunk in sectors.
+    #[arg(long, requires = "level", default_value_t = 1024)]
+    chunk: u64,
     /// Size of each temporary file, like 256M (default 256M; 32M with --quick).
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
@@ -352,7 +363,31 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
             outln!("  {n}");
         }
     }
-    let dev: Arc<dyn DynBlockDevice> = vol.clone();
+    let dev: Arc<dyn DynBlockDevice> = match a.level {
+        Some(level) => match crate::map_md::build_raid(
+            "bench",
+            level,
+            a.md_layout.as_deref(),
+            a.chunk,
+            a.layout.reserved.unwrap_or(0),
+            comps.clone(),
+        ) {
+            Ok(r) => {
+                if text {
+                    outln!(
+                        "  as md {level:?} ({}), chunk {} sectors, {} MiB: sweep and bonnie run on it",
+                        a.md_layout.as_deref().unwrap_or("default layout"),
+                        a.chunk,
+                        r.info().sectors / 2048
+                    );
+                }
+                Arc::new(r)
+            }
+            Err(e) => return crate::fail("bench", "md", &e, a.json),
+        },
+        None => vol.clone(),
+    };
+    let total = dev.info().sectors;
     let steps = [("sweep", 13), ("bonnie", 4), ("fairness", 4)]
         .iter()
         .filter(|(p, _)| phase(p))
