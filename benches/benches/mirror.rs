@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tagstripe::quirks::QuirkSet;
 use tagstripe::striping::Flavor;
-use tagstripe::{BlockDevice, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, DynBlockDevice, IoOpts, MemDevice, Volume};
 
 const COMP_SECTORS: u64 = 256 * 2048;
 
@@ -43,7 +42,7 @@ fn bench_mirror(c: &mut Criterion) {
     g.throughput(Throughput::Elements(batch));
     for metadata in [false, true] {
         let vol = Arc::new(rt.block_on(mirror(metadata)));
-        let total = vol.info().sectors;
+
         for flush in [false, true] {
             let name = format!(
                 "{}{}",
@@ -55,24 +54,8 @@ fn bench_mirror(c: &mut Criterion) {
                 b.iter(|| {
                     round += 1;
                     rt.block_on(async {
-                        let mut tasks = Vec::with_capacity(32);
-                        for w in 0..32u64 {
-                            let vol = Arc::clone(&vol);
-                            tasks.push(tokio::spawn(async move {
-                                let mut x = (w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round;
-                                let data = Bytes::from(vec![w as u8; 4096]);
-                                for _ in 0..64 {
-                                    x ^= x << 13;
-                                    x ^= x >> 7;
-                                    x ^= x << 17;
-                                    let s = x % (total / 8) * 8;
-                                    vol.write(s, data.clone(), IoOpts::new()).await.unwrap();
-                                }
-                            }));
-                        }
-                        for t in tasks {
-                            t.await.unwrap();
-                        }
+                        let dev = Arc::clone(&vol) as Arc<dyn DynBlockDevice>;
+                        tagstripe_benches::random_4k_writes(dev, round).await;
                         if flush {
                             vol.flush(IoOpts::new()).await.unwrap();
                         }

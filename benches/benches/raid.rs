@@ -123,31 +123,11 @@ fn bench_raid(c: &mut Criterion) {
         ("raid5", Arc::clone(&r5) as Arc<dyn DynBlockDevice>),
         ("raid0", Arc::clone(&r0) as Arc<dyn DynBlockDevice>),
     ] {
-        let total = dev.info().sectors;
         let mut round = 0u64;
         g.bench_function(BenchmarkId::new("4k-randwrite-qd32", name), |b| {
             b.iter(|| {
                 round += 1;
-                rt.block_on(async {
-                    let mut tasks = Vec::with_capacity(32);
-                    for w in 0..32u64 {
-                        let dev = Arc::clone(&dev);
-                        tasks.push(tokio::spawn(async move {
-                            let mut x = (w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round;
-                            let data = Bytes::from(vec![w as u8; 4096]);
-                            for _ in 0..64 {
-                                x ^= x << 13;
-                                x ^= x >> 7;
-                                x ^= x << 17;
-                                let s = x % (total / 8) * 8;
-                                dev.write(s, data.clone(), IoOpts::new()).await.unwrap();
-                            }
-                        }));
-                    }
-                    for t in tasks {
-                        t.await.unwrap();
-                    }
-                })
+                rt.block_on(tagstripe_benches::random_4k_writes(Arc::clone(&dev), round));
             })
         });
     }

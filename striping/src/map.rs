@@ -95,16 +95,7 @@ impl Geometry {
     /// request reaches past the end of the volume. Nothing is mapped in either case.
     #[inline]
     pub fn map(&self, start: u64, count: u64) -> Result<Pieces<'_>, Error> {
-        let end = start
-            .checked_add(count)
-            .ok_or(Error::RequestOverflow { start, count })?;
-        if end > self.total_sectors() {
-            return Err(Error::PastEnd {
-                start,
-                count,
-                total: self.total_sectors(),
-            });
-        }
+        let end = request_end(start, count, self.total_sectors())?;
         Ok(self.pieces(start, end))
     }
 
@@ -380,4 +371,24 @@ impl<I: Iterator<Item = Piece>> Iterator for Merged<I> {
         }
         Some(cur)
     }
+}
+
+/// The end of request `[start, start + count)` on a volume of `total` sectors: the library's
+/// bounds policy (nothing is mapped for a request not wholly inside).
+///
+/// # Errors
+/// [`Error::RequestOverflow`], [`Error::PastEnd`].
+#[inline]
+pub(crate) fn request_end(start: u64, count: u64, total: u64) -> Result<u64, Error> {
+    let end = start
+        .checked_add(count)
+        .ok_or(Error::RequestOverflow { start, count })?;
+    if end > total {
+        return Err(Error::PastEnd {
+            start,
+            count,
+            total,
+        });
+    }
+    Ok(end)
 }

@@ -435,16 +435,7 @@ impl Parity {
     /// # Errors
     /// [`Error::RequestOverflow`], [`Error::PastEnd`] for a request not wholly inside.
     pub fn map(&self, start: u64, count: u64) -> Result<Vec<ParityPiece>, Error> {
-        let end = start
-            .checked_add(count)
-            .ok_or(Error::RequestOverflow { start, count })?;
-        if end > self.total_sectors() {
-            return Err(Error::PastEnd {
-                start,
-                count,
-                total: self.total_sectors(),
-            });
-        }
+        let end = crate::map::request_end(start, count, self.total_sectors())?;
         let mut out = Vec::new();
         let mut at = start;
         while at < end {
@@ -773,16 +764,7 @@ impl Raid10 {
     /// # Errors
     /// [`Error::RequestOverflow`], [`Error::PastEnd`] for a request not wholly inside.
     pub fn map(&self, start: u64, count: u64) -> Result<Vec<Raid10Piece>, Error> {
-        let end = start
-            .checked_add(count)
-            .ok_or(Error::RequestOverflow { start, count })?;
-        if end > self.total {
-            return Err(Error::PastEnd {
-                start,
-                count,
-                total: self.total,
-            });
-        }
+        let end = crate::map::request_end(start, count, self.total)?;
         let mut out = Vec::new();
         let mut at = start;
         while at < end {
