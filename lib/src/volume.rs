@@ -4,14 +4,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tagstripe_quirks::{Mod15, QuirkSet};
-use tagstripe_scheduler::{Fair, FairConfig};
+use tagstripe_scheduler::FairConfig;
 use tagstripe_striping::{Flavor, Geometry, MirrorReads};
 
 use crate::layers::Component;
 use crate::stats::{OpKind, Stats};
-use crate::{
-    BlockDevice, DeviceInfo, DynBlockDevice, IoOpts, Queue, QueueHandle, Result, Split, Striped,
-};
+use crate::{BlockDevice, DeviceInfo, DynBlockDevice, IoOpts, QueueHandle, Result, Split, Striped};
 
 /// A device a volume can take as a component: an `Arc` of any [`BlockDevice`], or an
 /// `Arc<dyn DynBlockDevice>`.
@@ -475,7 +473,7 @@ impl VolumeBuilder {
         let mut component_stats = Vec::new();
         let mut queues = Vec::new();
         let mut queued = if self.queue {
-            queues_for(&components, self.share_queues, self.fair)
+            crate::layers::queues_for(&components, self.share_queues, self.fair)
         } else {
             Vec::new()
         };
@@ -512,37 +510,6 @@ impl VolumeBuilder {
             slots,
         })
     }
-}
-
-/// Each component's queue: one pool for the components on one physical device
-/// (`DeviceInfo::media`), unless [`share_queues`](VolumeBuilder::share_queues) is off.
-pub(crate) fn queues_for(
-    components: &[Arc<dyn DynBlockDevice>],
-    share: bool,
-    fair: FairConfig,
-) -> Vec<Option<Queue<Arc<dyn DynBlockDevice>>>> {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut by_media = std::collections::HashMap::new();
-    for (i, c) in components.iter().enumerate() {
-        match c.info().media.filter(|_| share) {
-            Some(m) => {
-                let g = *by_media.entry(m).or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                });
-                groups[g].push(i);
-            }
-            None => groups.push(vec![i]),
-        }
-    }
-    let mut out: Vec<Option<_>> = components.iter().map(|_| None).collect();
-    for g in groups {
-        let devs = g.iter().map(|&i| Arc::clone(&components[i])).collect();
-        for (&i, q) in g.iter().zip(Queue::group(devs, Box::new(Fair::new(fair)))) {
-            out[i] = Some(q);
-        }
-    }
-    out
 }
 
 /// A striped volume of queued, split components; itself a [`BlockDevice`]. See

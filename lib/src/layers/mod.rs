@@ -8,6 +8,7 @@ mod split;
 mod striped;
 
 pub(crate) use component::Component;
+pub(crate) use queue::queues_for;
 pub use queue::{Queue, QueueHandle};
 pub use raid::{Raid, read_md_superblock};
 pub use split::Split;

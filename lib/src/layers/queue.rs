@@ -899,3 +899,34 @@ impl QueueHandle {
         self.inner.lock().events.subscribe()
     }
 }
+
+/// Each component's queue: one pool for the components on one physical device
+/// (`DeviceInfo::media`), unless `share` is off ([`crate::VolumeBuilder::share_queues`]).
+pub(crate) fn queues_for(
+    components: &[Arc<dyn crate::DynBlockDevice>],
+    share: bool,
+    fair: FairConfig,
+) -> Vec<Option<Queue<Arc<dyn crate::DynBlockDevice>>>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_media = std::collections::HashMap::new();
+    for (i, c) in components.iter().enumerate() {
+        match c.info().media.filter(|_| share) {
+            Some(m) => {
+                let g = *by_media.entry(m).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+                groups[g].push(i);
+            }
+            None => groups.push(vec![i]),
+        }
+    }
+    let mut out: Vec<Option<_>> = components.iter().map(|_| None).collect();
+    for g in groups {
+        let devs = g.iter().map(|&i| Arc::clone(&components[i])).collect();
+        for (&i, q) in g.iter().zip(Queue::group(devs, Box::new(Fair::new(fair)))) {
+            out[i] = Some(q);
+        }
+    }
+    out
+}

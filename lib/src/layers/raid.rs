@@ -576,7 +576,7 @@ impl Raid {
     pub fn with_queues(self, fair: tagstripe_scheduler::FairConfig) -> Self {
         let devs: Vec<Arc<dyn DynBlockDevice>> =
             (0..self.members.len()).map(|i| self.member(i)).collect();
-        let queues = crate::volume::queues_for(&devs, true, fair);
+        let queues = super::queues_for(&devs, true, fair);
         for (slot, q) in self.members.iter().zip(queues) {
             if let Some(q) = q {
                 *slot.write() = Arc::new(q);
@@ -1038,7 +1038,7 @@ impl Raid {
         }
         self.fail(member);
         let device: Arc<dyn DynBlockDevice> = match self.queued {
-            Some(fair) => crate::volume::queues_for(&[Arc::clone(&device)], false, fair)
+            Some(fair) => super::queues_for(&[Arc::clone(&device)], false, fair)
                 .pop()
                 .flatten()
                 .map_or(device, |q| Arc::new(q) as Arc<dyn DynBlockDevice>),
