@@ -388,7 +388,7 @@ impl VolumeBuilder {
     }
 
     /// Whether components on one physical device ([`DeviceInfo::media`]: files on one
-    /// filesystem, say) share one tagged queue (default on, [`Queue::group`]): the fair
+    /// filesystem, say) share one tagged queue (default on, [`crate::Queue::group`]): the fair
     /// policy then sees all the interactive and bulk I/O that competes for that device, not
     /// a component's share of it. Off, each component has its own queue.
     #[must_use]
