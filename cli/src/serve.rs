@@ -137,6 +137,57 @@ fn mib(sectors: u64) -> String {
 }
 
 /// One line on stderr for each mirror event.
+/// An md array's member events, in its words.
+fn say_md_event(e: &MirrorEvent) {
+    let members = |c: &[usize]| {
+        let list: Vec<String> = c.iter().map(ToString::to_string).collect();
+        format!(
+            "member{} {}",
+            if c.len() == 1 { "" } else { "s" },
+            list.join(", ")
+        )
+    };
+    match e {
+        MirrorEvent::Dropped { component, error } => say_err(&format!(
+            "md member {component} failed ({error}): the array serves degraded"
+        )),
+        MirrorEvent::ResyncStarted {
+            components,
+            sectors,
+            ..
+        } => say_err(&format!(
+            "md: rebuild or resync of {} started: {} each",
+            members(components),
+            mib(*sectors)
+        )),
+        MirrorEvent::ResyncProgress {
+            components,
+            done,
+            total,
+        } => say_err(&format!(
+            "md: {}: {:.0}% ({} of {})",
+            members(components),
+            *done as f64 * 100.0 / (*total).max(1) as f64,
+            mib(*done),
+            mib(*total)
+        )),
+        MirrorEvent::ResyncComplete {
+            components,
+            elapsed,
+            ..
+        } => say_err(&format!(
+            "md: {} in sync ({:.2} s)",
+            members(components),
+            elapsed.as_secs_f64()
+        )),
+        MirrorEvent::ResyncFailed { components, error } => say_err(&format!(
+            "md: rebuild or resync of {} failed: {error}",
+            members(components)
+        )),
+        other => say_event(other),
+    }
+}
+
 fn say_event(e: &MirrorEvent) {
     match e {
         MirrorEvent::Dropped { component, error } => say_err(&format!(
@@ -420,7 +471,9 @@ async fn md_array(
                 raid.failed()
             ));
         }
-        return Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()));
+        return Ok(raid
+            .with_queues(tagstripe::scheduler::FairConfig::default())
+            .on_event(say_md_event));
     }
     let Some(level) = args.level else {
         return Err(fail("--md or --level is needed".into()));
@@ -434,7 +487,7 @@ async fn md_array(
         comps,
     )
     .map_err(fail)?;
-    Ok(raid)
+    Ok(raid.on_event(say_md_event))
 }
 
 /// An address beyond loopback with nobody kept out is refused unless the user says so.

@@ -653,7 +653,13 @@ async fn behind_tagged_queues_a_rebuild_runs_beside_clients() {
     let kind = Kind::Parity(6, ParityLayout::LeftSymmetric);
     let disks = 5;
     let m = members(disks);
-    let a = Arc::new(array(&kind, disks, erased(&m)).with_queues(Default::default()));
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&events);
+    let a = Arc::new(
+        array(&kind, disks, erased(&m))
+            .with_queues(Default::default())
+            .on_event(move |e| seen.lock().unwrap().push(e.clone())),
+    );
     let mut model = vec![0u8; (a.info().sectors * 512) as usize];
     let mut rng = Rng(4242);
     workload(&a, &mut model, &mut rng, 40, stripe_sectors(&kind, disks)).await;
@@ -672,6 +678,19 @@ async fn behind_tagged_queues_a_rebuild_runs_beside_clients() {
     }
     rebuild.await.unwrap().unwrap();
     assert!(a.rebuild_progress().is_none());
+    {
+        use tagstripe::MirrorEvent as E;
+        let ev = events.lock().unwrap();
+        assert!(matches!(ev[0], E::Dropped { component: 3, .. }), "{ev:?}");
+        assert!(
+            ev.iter().any(|e| matches!(e, E::ResyncStarted { components, whole: true, .. } if components == &[3])),
+            "{ev:?}"
+        );
+        assert!(
+            matches!(ev.last(), Some(E::ResyncComplete { components, .. }) if components == &[3]),
+            "{ev:?}"
+        );
+    }
     assert!(a.failed().is_empty());
     verify(&a, &model, "queued, rebuilt").await;
     // The rebuilt member holds what it should: lose two others and read everything.

@@ -70,6 +70,8 @@ pub struct Raid {
     rebuilding: parking_lot::Mutex<Option<(usize, u64, u64)>>,
     /// Members sit behind tagged queues (a rebuilt member's device is put behind one too).
     queued: Option<tagstripe_scheduler::FairConfig>,
+    /// Where member events go.
+    events: Option<crate::layers::mirror::resync::EventSink>,
 }
 
 /// Stripes the write-through cache keeps.
@@ -210,6 +212,7 @@ impl Raid {
             cache: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             rebuilding: parking_lot::Mutex::new(None),
             queued: None,
+            events: None,
         })
     }
 
@@ -326,7 +329,14 @@ impl Raid {
         }
         let mut raid = raid;
         for &f in &failed {
-            raid.fail(f);
+            raid.fail_for(
+                f,
+                if stale.contains(&f) {
+                    "stale: the newest superblock records it faulty"
+                } else {
+                    "missing: no device holds its role"
+                },
+            );
         }
         let mut sbs: Vec<Option<Superblock1>> = vec![None; disks];
         for (role, m) in members.iter().enumerate() {
@@ -486,11 +496,36 @@ impl Raid {
         }
     }
 
+    /// Calls `f` for each event of the array's members, as they happen (the mirror's
+    /// [`crate::MirrorEvent`]s, for the array's members: `Dropped` for a member failed,
+    /// `Stale` for one found behind at assembly, `Resync*` for a rebuild, a member at a
+    /// time, and for a parity resync, every member). The same events go to `tracing` under
+    /// `tagstripe::raid`.
+    #[must_use]
+    pub fn on_event(mut self, f: impl Fn(&crate::MirrorEvent) + Send + Sync + 'static) -> Self {
+        self.events = Some(crate::layers::mirror::resync::EventSink(Arc::new(f)));
+        self
+    }
+
+    fn emit(&self, e: &crate::MirrorEvent) {
+        if let Some(sink) = &self.events {
+            (sink.0)(e);
+        }
+    }
+
     /// Marks `member` failed: never read again, no longer written, until rebuilt.
     pub fn fail(&self, member: usize) {
+        self.fail_for(member, "marked failed");
+    }
+
+    fn fail_for(&self, member: usize, why: &str) {
         if let Some(f) = self.failed.get(member) {
             if !f.swap(true, Ordering::AcqRel) {
-                tracing::warn!(target: "tagstripe::raid", array = %self.info.name, member, "member failed: served degraded");
+                tracing::warn!(target: "tagstripe::raid", array = %self.info.name, member, why, "member failed: served degraded");
+                self.emit(&crate::MirrorEvent::Dropped {
+                    component: member,
+                    error: why.to_owned(),
+                });
             }
         }
     }
@@ -618,7 +653,7 @@ impl Raid {
             });
         }
         tracing::warn!(target: "tagstripe::raid", array = %self.info.name, member = i, error = %e, "member I/O failed");
-        self.fail(i);
+        self.fail_for(i, &e.to_string());
         Ok(())
     }
 
@@ -1047,7 +1082,42 @@ impl Raid {
         *self.members[member].write() = Arc::clone(&device);
         *self.rebuilding.lock() = Some((member, 0, need));
         let _progress = ClearOnDrop(&self.rebuilding);
+        let started = std::time::Instant::now();
+        self.emit(&crate::MirrorEvent::ResyncStarted {
+            components: vec![member],
+            sectors: need,
+            whole: true,
+        });
         let opts = IoOpts::new().class(IoClass::Idle);
+        let copied = self.rebuild_rows(member, &device, need, chunk, opts).await;
+        if let Err(e) = copied {
+            self.emit(&crate::MirrorEvent::ResyncFailed {
+                components: vec![member],
+                error: e.to_string(),
+            });
+            return Err(e);
+        }
+        self.md_adopt(member).await?;
+        self.failed[member].store(false, Ordering::Release);
+        tracing::info!(target: "tagstripe::raid", array = %self.info.name, member, "member rebuilt: in sync");
+        self.emit(&crate::MirrorEvent::ResyncComplete {
+            components: vec![member],
+            sectors: need,
+            elapsed: started.elapsed(),
+        });
+        Ok(())
+    }
+
+    /// Writes member `member`'s every row onto `device` from the others (see
+    /// [`rebuild`](Self::rebuild)), progress reported every 32 MiB.
+    async fn rebuild_rows(
+        &self,
+        member: usize,
+        device: &Arc<dyn DynBlockDevice>,
+        need: u64,
+        chunk: u64,
+        opts: IoOpts,
+    ) -> Result<()> {
         let mut at = 0;
         while at < need {
             let n = chunk.min(need - at);
@@ -1086,14 +1156,19 @@ impl Raid {
             device
                 .write(self.offsets[member] + at, Bytes::from(data), opts)
                 .await?;
+            let before = at;
             at += n;
             *self.rebuilding.lock() = Some((member, at, need));
+            // Every 32 MiB (65,536 sectors).
+            if at / (64 << 10) != before / (64 << 10) && at < need {
+                self.emit(&crate::MirrorEvent::ResyncProgress {
+                    components: vec![member],
+                    done: at,
+                    total: need,
+                });
+            }
         }
-        device.flush(opts).await?;
-        self.md_adopt(member).await?;
-        self.failed[member].store(false, Ordering::Release);
-        tracing::info!(target: "tagstripe::raid", array = %self.info.name, member, "member rebuilt: in sync");
-        Ok(())
+        device.flush(opts).await
     }
 
     /// Recomputes every stripe's P (and Q) from its data, as md's resync after an unclean
@@ -1108,6 +1183,30 @@ impl Raid {
             return Err(self.too_degraded());
         }
         let opts = IoOpts::new().class(IoClass::Idle);
+        let all: Vec<usize> = (0..self.members.len()).collect();
+        let started = std::time::Instant::now();
+        self.emit(&crate::MirrorEvent::ResyncStarted {
+            components: all.clone(),
+            sectors: self.member_sectors(),
+            whole: true,
+        });
+        let done = self.resync_rows(opts).await;
+        match &done {
+            Ok(()) => self.emit(&crate::MirrorEvent::ResyncComplete {
+                components: all,
+                sectors: self.member_sectors(),
+                elapsed: started.elapsed(),
+            }),
+            Err(e) => self.emit(&crate::MirrorEvent::ResyncFailed {
+                components: all,
+                error: e.to_string(),
+            }),
+        }
+        done
+    }
+
+    /// [`resync_parity`](Self::resync_parity)'s copying.
+    async fn resync_rows(&self, opts: IoOpts) -> Result<()> {
         match &self.geo {
             Geo::Parity(g) => {
                 for stripe in 0..g.stripes() {
