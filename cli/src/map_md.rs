@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use tagstripe_striping::Error;
-use tagstripe_striping::md::{Parity, ParityLayout, Raid10, Raid10Layout};
+use tagstripe_striping::md::{MdGeometry, Parity, ParityLayout, Raid10, Raid10Layout};
 
 use crate::EXIT_USAGE;
 
@@ -55,30 +55,37 @@ pub(crate) struct MdArgs {
     pub layout: Option<String>,
 }
 
-/// An md array's geometry.
-enum Md {
-    Parity(Parity),
-    Raid10(Raid10),
+/// The geometry of an md array of `level` (`layout` as mdadm names it, or the level's
+/// default) over `disks` members of `size` usable sectors with `chunk`-sector chunks.
+fn geometry(
+    level: Level,
+    layout: Option<&str>,
+    disks: usize,
+    chunk: u64,
+    size: u64,
+) -> Result<MdGeometry, Error> {
+    match level {
+        Level::Raid5 | Level::Raid6 => {
+            let layout: ParityLayout = layout.unwrap_or("left-symmetric").parse()?;
+            let n = if level == Level::Raid5 { 5 } else { 6 };
+            Parity::new(n, layout, disks, chunk, size).map(MdGeometry::Parity)
+        }
+        Level::Raid10 => {
+            let layout: Raid10Layout = layout.unwrap_or("n2").parse()?;
+            Raid10::new(layout, disks, chunk, size).map(MdGeometry::Raid10)
+        }
+    }
 }
 
-fn build(level: Level, a: &MdArgs) -> Result<Md, Error> {
+fn build(level: Level, a: &MdArgs) -> Result<MdGeometry, Error> {
     // clap requires all three with --level.
-    let (disks, chunk, size) = (
+    geometry(
+        level,
+        a.layout.as_deref(),
         a.disks.unwrap_or(0),
         a.chunk.unwrap_or(0),
         a.size.unwrap_or(0),
-    );
-    match level {
-        Level::Raid5 | Level::Raid6 => {
-            let layout: ParityLayout = a.layout.as_deref().unwrap_or("left-symmetric").parse()?;
-            let n = if level == Level::Raid5 { 5 } else { 6 };
-            Parity::new(n, layout, disks, chunk, size).map(Md::Parity)
-        }
-        Level::Raid10 => {
-            let layout: Raid10Layout = a.layout.as_deref().unwrap_or("n2").parse()?;
-            Raid10::new(layout, disks, chunk, size).map(Md::Raid10)
-        }
-    }
+    )
 }
 
 /// Maps `requests` (`(write, start, count)`) on the array `a` describes and prints them.
@@ -98,13 +105,13 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
         }
     };
     let (layout, disks, chunk, total) = match &md {
-        Md::Parity(p) => (
+        MdGeometry::Parity(p) => (
             p.layout().name().to_owned(),
             p.disks(),
             p.chunk(),
             p.total_sectors(),
         ),
-        Md::Raid10(r) => (
+        MdGeometry::Raid10(r) => (
             r.layout().to_string(),
             r.disks(),
             r.chunk(),
@@ -115,7 +122,7 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
         .iter()
         .map(|&(write, start, count)| {
             let pieces = match &md {
-                Md::Parity(p) => p.map(start, count).map(|v| {
+                MdGeometry::Parity(p) => p.map(start, count).map(|v| {
                     v.iter()
                         .map(|x| {
                             let mut o = json!({"lblk": x.lblk, "count": x.count, "comp": x.comp, "cblk": x.cblk, "p_comp": x.p_comp});
@@ -126,7 +133,7 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
                         })
                         .collect::<Vec<_>>()
                 }),
-                Md::Raid10(r) => r.map(start, count).map(|v| {
+                MdGeometry::Raid10(r) => r.map(start, count).map(|v| {
                     v.iter()
                         .map(|x| {
                             let copies: Vec<Value> = x
@@ -170,7 +177,7 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
         "md {} {layout}: {disks} members, chunk {chunk} sectors, {total} sectors",
         level.name()
     );
-    if let Md::Parity(p) = &md {
+    if let MdGeometry::Parity(p) = &md {
         outln!(
             "  stripe 0: P on member {}{}",
             p.stripe(0).p,
@@ -189,7 +196,7 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
         );
         for p in r["pieces"].as_array().into_iter().flatten() {
             match &md {
-                Md::Parity(_) => outln!(
+                MdGeometry::Parity(_) => outln!(
                     "  lblk {:>12} count {:>6}  member {} at {:>12}  P {}{}",
                     p["lblk"],
                     p["count"],
@@ -199,7 +206,7 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
                     p.get("q_comp")
                         .map_or(String::new(), |q| format!("  Q {q}"))
                 ),
-                Md::Raid10(_) => {
+                MdGeometry::Raid10(_) => {
                     let copies: Vec<String> = p["copies"]
                         .as_array()
                         .into_iter()
@@ -236,26 +243,9 @@ pub(crate) fn build_raid(
         .min()
         .unwrap_or(0);
     let disks = comps.len();
-    let raid = match level {
-        Level::Raid5 | Level::Raid6 => {
-            let layout: ParityLayout = layout
-                .unwrap_or("left-symmetric")
-                .parse()
-                .map_err(|e: Error| e.to_string())?;
-            let n = if level == Level::Raid5 { 5 } else { 6 };
-            let g = Parity::new(n, layout, disks, chunk, size).map_err(|e| e.to_string())?;
-            tagstripe::Raid::parity(name, g, comps)
-        }
-        Level::Raid10 => {
-            let layout: Raid10Layout = layout
-                .unwrap_or("n2")
-                .parse()
-                .map_err(|e: Error| e.to_string())?;
-            let g = Raid10::new(layout, disks, chunk, size).map_err(|e| e.to_string())?;
-            tagstripe::Raid::raid10(name, g, comps)
-        }
-    }
-    .and_then(|r| r.with_data_offsets(vec![offset; disks]))
-    .map_err(|e| e.to_string())?;
+    let geo = geometry(level, layout, disks, chunk, size).map_err(|e| e.to_string())?;
+    let raid = tagstripe::Raid::new(name, geo, comps)
+        .and_then(|r| r.with_data_offsets(vec![offset; disks]))
+        .map_err(|e| e.to_string())?;
     Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()))
 }

@@ -565,6 +565,17 @@ impl std::str::FromStr for Raid10Layout {
 }
 
 /// A raid10 array's geometry.
+///
+/// ```
+/// use tagstripe_striping::md::Raid10;
+/// // Four members, two far copies, 64 KiB chunks, 1 GiB usable on each.
+/// let r = Raid10::new("f2".parse()?, 4, 128, 1 << 21)?;
+/// assert_eq!(r.total_sectors(), 2 << 21); // half of four members' space
+/// let copies = r.copies(0);
+/// assert_eq!(copies, [(0, 0), (1, r.member_sectors() / 2)]); // a far copy, one member on
+/// assert_eq!(r.volume_sector(1, r.member_sectors() / 2), Some(0));
+/// # Ok::<(), tagstripe_striping::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Raid10 {
     layout: Raid10Layout,
@@ -941,27 +952,14 @@ pub mod gf {
         }
     }
 
-    /// `dst = srcs[0] + srcs[1] + ...` (XOR), in blocks that stay in the first-level cache
-    /// while every source is added: one pass over each source and one over `dst`.
-    pub fn xor_sum(dst: &mut [u8], srcs: &[&[u8]]) {
-        const BLOCK: usize = 4096;
-        let Some((first, rest)) = srcs.split_first() else {
-            dst.fill(0);
-            return;
-        };
-        let mut at = 0;
-        while at < dst.len() {
-            let end = (at + BLOCK).min(dst.len());
-            dst[at..end].copy_from_slice(&first[at..end]);
-            for s in rest {
-                xor_into(&mut dst[at..end], &s[at..end]);
-            }
-            at = end;
-        }
-    }
-
-    /// `srcs[0] + srcs[1] + ...` (XOR) into a new buffer of `len` bytes, as
-    /// [`xor_sum`], without zeroing it first.
+    /// `srcs[0] + srcs[1] + ...` (XOR) into a new buffer of `len` bytes, in blocks that
+    /// stay in the first-level cache while every source is added: one pass over each
+    /// source and one over the result, which is never zeroed first.
+    ///
+    /// ```
+    /// use tagstripe_striping::md::gf;
+    /// assert_eq!(gf::xor_sum_new(&[&[1, 2, 3], &[1, 0, 7]], 3), [0, 2, 4]);
+    /// ```
     #[must_use]
     pub fn xor_sum_new(srcs: &[&[u8]], len: usize) -> Vec<u8> {
         const BLOCK: usize = 4096;
@@ -997,6 +995,21 @@ pub mod gf {
 /// what a member says of its array, read from its bytes, so an md array's members can be
 /// opened without the md driver. Version 1.2 sits 4 KiB into the member, 1.1 at its start,
 /// 1.0 at its end (see [`Superblock1::locations`]).
+///
+/// ```
+/// use tagstripe_striping::md::{ParityLayout, Superblock1};
+/// let sb = Superblock1 {
+///     feature_map: 0, set_uuid: [1; 16], set_name: "host:md0".into(), level: 5,
+///     layout: ParityLayout::LeftSymmetric.md_algorithm(), size: 8192, chunk: 128,
+///     raid_disks: 4, data_offset: 2048, data_size: 8192, super_offset: 8, dev_number: 2,
+///     events: 7, resync_offset: u64::MAX, dev_roles: vec![0, 1, 2, 3],
+/// };
+/// let bytes = sb.encode(); // what md writes 4 KiB into a 1.2 member
+/// let back = Superblock1::parse(&bytes)?;
+/// assert_eq!((back.role(), back.clean()), (Some(2), true));
+/// assert_eq!(back.geometry()?.total_sectors(), 3 * 8192);
+/// # Ok::<(), tagstripe_striping::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock1 {
     /// `feature_map`.
@@ -1226,4 +1239,61 @@ pub enum MdGeometry {
     Parity(Parity),
     /// raid10.
     Raid10(Raid10),
+}
+
+impl MdGeometry {
+    /// Members.
+    #[must_use]
+    pub fn disks(&self) -> usize {
+        match self {
+            Self::Parity(g) => g.disks(),
+            Self::Raid10(r) => r.disks(),
+        }
+    }
+
+    /// Chunk in sectors.
+    #[must_use]
+    pub fn chunk(&self) -> u64 {
+        match self {
+            Self::Parity(g) => g.chunk(),
+            Self::Raid10(r) => r.chunk(),
+        }
+    }
+
+    /// Each member's sectors the array uses.
+    #[must_use]
+    pub fn member_sectors(&self) -> u64 {
+        match self {
+            Self::Parity(g) => g.member_sectors(),
+            Self::Raid10(r) => r.member_sectors(),
+        }
+    }
+
+    /// The array's size.
+    #[must_use]
+    pub fn total_sectors(&self) -> u64 {
+        match self {
+            Self::Parity(g) => g.total_sectors(),
+            Self::Raid10(r) => r.total_sectors(),
+        }
+    }
+
+    /// How many members may fail with the data still whole (raid5 1, raid6 2, raid10 its
+    /// copies less one, at best).
+    #[must_use]
+    pub fn redundancy(&self) -> usize {
+        match self {
+            Self::Parity(g) => usize::from(g.level() - 4),
+            Self::Raid10(r) => r.layout().copies() - 1,
+        }
+    }
+
+    /// The optimal I/O size in bytes: a full stripe of data (raid10: a chunk).
+    #[must_use]
+    pub fn io_opt(&self) -> u64 {
+        match self {
+            Self::Parity(g) => g.chunk() * 512 * g.data_disks() as u64,
+            Self::Raid10(r) => r.chunk() * 512,
+        }
+    }
 }

@@ -28,13 +28,6 @@ use crate::{BlockDevice, Caps, DeviceInfo, DynBlockDevice, Error, IoOpts, Result
 /// Stripe lock shards: writes to one stripe, and degraded reads of it, are serialized.
 const SHARDS: usize = 64;
 
-/// An md array's geometry.
-#[derive(Debug)]
-enum Geo {
-    Parity(Parity),
-    Raid10(Raid10),
-}
-
 /// An md raid5, raid6 or raid10 array over its members; itself a [`BlockDevice`].
 ///
 /// ```
@@ -56,7 +49,7 @@ enum Geo {
 #[derive(Debug)]
 pub struct Raid {
     info: DeviceInfo,
-    geo: Geo,
+    geo: MdGeometry,
     members: Vec<parking_lot::RwLock<Arc<dyn DynBlockDevice>>>,
     failed: Vec<AtomicBool>,
     locks: Vec<tokio::sync::Mutex<()>>,
@@ -105,23 +98,7 @@ impl Raid {
         geometry: Parity,
         members: Vec<Arc<dyn DynBlockDevice>>,
     ) -> Result<Self> {
-        let (disks, need, total, chunk) = (
-            geometry.disks(),
-            geometry.member_sectors(),
-            geometry.total_sectors(),
-            geometry.chunk(),
-        );
-        let io_opt = chunk * 512 * geometry.data_disks() as u64;
-        Self::new(
-            name,
-            Geo::Parity(geometry),
-            members,
-            disks,
-            need,
-            total,
-            chunk,
-            io_opt,
-        )
+        Self::new(name, MdGeometry::Parity(geometry), members)
     }
 
     /// A raid10 array with `geometry` over `members`.
@@ -133,35 +110,22 @@ impl Raid {
         geometry: Raid10,
         members: Vec<Arc<dyn DynBlockDevice>>,
     ) -> Result<Self> {
-        let (disks, need, total, chunk) = (
-            geometry.disks(),
-            geometry.member_sectors(),
-            geometry.total_sectors(),
-            geometry.chunk(),
-        );
-        Self::new(
-            name,
-            Geo::Raid10(geometry),
-            members,
-            disks,
-            need,
-            total,
-            chunk,
-            chunk * 512,
-        )
+        Self::new(name, MdGeometry::Raid10(geometry), members)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        name: &str,
-        geo: Geo,
-        members: Vec<Arc<dyn DynBlockDevice>>,
-        disks: usize,
-        need: u64,
-        total: u64,
-        chunk: u64,
-        io_opt: u64,
-    ) -> Result<Self> {
+    /// An md array of either kind (`geo`) over `members`: [`Raid::parity`] or
+    /// [`Raid::raid10`].
+    ///
+    /// # Errors
+    /// As [`Raid::parity`].
+    pub fn new(name: &str, geo: MdGeometry, members: Vec<Arc<dyn DynBlockDevice>>) -> Result<Self> {
+        let (disks, need, total, chunk) = (
+            geo.disks(),
+            geo.member_sectors(),
+            geo.total_sectors(),
+            geo.chunk(),
+        );
+        let io_opt = geo.io_opt();
         let bad = |what: String| Error::BadLength {
             device: name.to_owned(),
             what,
@@ -271,10 +235,7 @@ impl Raid {
         }
         let geometry = newest.geometry()?;
         let disks = newest.raid_disks as usize;
-        let need = match &geometry {
-            MdGeometry::Parity(g) => g.member_sectors(),
-            MdGeometry::Raid10(r) => r.member_sectors(),
-        };
+        let need = geometry.member_sectors();
         let mut members: Vec<Option<(usize, u64)>> = vec![None; disks];
         let mut stale = Vec::new();
         for (i, sb) in found.iter().enumerate() {
@@ -313,11 +274,7 @@ impl Raid {
                 }
             }
         }
-        let raid = match geometry {
-            MdGeometry::Parity(g) => Self::parity(name, g, devs)?,
-            MdGeometry::Raid10(r) => Self::raid10(name, r, devs)?,
-        }
-        .with_data_offsets(offsets)?;
+        let raid = Self::new(name, geometry, devs)?.with_data_offsets(offsets)?;
         if failed.len() > raid.redundancy() {
             return Err(Error::Resync {
                 component: failed[0],
@@ -490,10 +447,7 @@ impl Raid {
     /// How many members may fail with the data still whole (raid5 1, raid6 2, raid10 its
     /// copies less one, at best).
     fn redundancy(&self) -> usize {
-        match &self.geo {
-            Geo::Parity(p) => usize::from(p.level() - 4),
-            Geo::Raid10(r) => r.layout().copies() - 1,
-        }
+        self.geo.redundancy()
     }
 
     /// Calls `f` for each event of the array's members, as they happen (the mirror's
@@ -632,10 +586,7 @@ impl Raid {
     /// The sectors of each member the layout uses (past the data offset).
     #[must_use]
     pub fn member_sectors(&self) -> u64 {
-        match &self.geo {
-            Geo::Parity(g) => g.member_sectors(),
-            Geo::Raid10(r) => r.member_sectors(),
-        }
+        self.geo.member_sectors()
     }
 
     /// A member's I/O failed: it is failed, if the array can spare it; the error is then
@@ -702,7 +653,6 @@ impl Raid {
             .copied()
             .filter(|&m| row[m].is_none())
             .collect();
-        let len = row.iter().flatten().map(Vec::len).next().unwrap_or(0);
         match missing.as_slice() {
             [] => Ok(()),
             [x] if row[s.p].is_some() => {
@@ -761,7 +711,6 @@ impl Raid {
                 gf::scale(&mut dx, gf::inv(gx ^ gy));
                 let mut dy = pxy;
                 gf::mul_acc(&mut dy, 1, &dx);
-                debug_assert_eq!(dy.len(), len);
                 row[*x] = Some(dx);
                 row[*y] = Some(dy);
                 Ok(())
@@ -792,22 +741,8 @@ impl Raid {
 
     /// P and Q of a row whose data chunks are all present.
     fn parity_of(s: &StripeMap, row: &Row, len: usize) -> (Vec<u8>, Option<Vec<u8>>) {
-        let mut p = vec![0u8; len];
-        for &m in &s.data {
-            if let Some(b) = &row[m] {
-                gf::mul_acc(&mut p, 1, b);
-            }
-        }
-        let q = s.q.map(|_| {
-            let mut q = vec![0u8; len];
-            for (c, &m) in s.syndrome_order().iter().enumerate() {
-                if let Some(b) = &row[m] {
-                    gf::mul_acc(&mut q, gf::pow2(c), b);
-                }
-            }
-            q
-        });
-        (p, q)
+        let sources: Vec<Option<&[u8]>> = row.iter().map(Option::as_deref).collect();
+        Self::parity_from(s, &sources, len)
     }
 
     /// One parity piece read, degraded if its member has failed or fails now.
@@ -818,7 +753,7 @@ impl Raid {
                 Err(e) => self.member_error(p.comp, e)?,
             }
         }
-        let Geo::Parity(g) = &self.geo else {
+        let MdGeometry::Parity(g) = &self.geo else {
             unreachable!("parity pieces come from a parity geometry")
         };
         let s = g.stripe(p.stripe);
@@ -1059,10 +994,7 @@ impl Raid {
     /// [`Error::BadLength`] for a device smaller than the member, [`Error::Resync`] if the
     /// others cannot rebuild it (more failures than the redundancy), I/O errors writing it.
     pub async fn rebuild(&self, member: usize, device: Arc<dyn DynBlockDevice>) -> Result<()> {
-        let (need, chunk) = match &self.geo {
-            Geo::Parity(g) => (g.member_sectors(), g.chunk()),
-            Geo::Raid10(r) => (r.member_sectors(), r.chunk()),
-        };
+        let (need, chunk) = (self.geo.member_sectors(), self.geo.chunk());
         if member >= self.members.len()
             || device.info().sectors < self.offsets[member].saturating_add(need)
         {
@@ -1125,15 +1057,15 @@ impl Raid {
             // member's write and the progress that makes writers write it too: a client's
             // write to it lands before or after, never between.
             let key = match &self.geo {
-                Geo::Parity(_) => Some(at / chunk),
-                Geo::Raid10(r) => r.volume_sector(member, at).map(|l| l / chunk),
+                MdGeometry::Parity(_) => Some(at / chunk),
+                MdGeometry::Raid10(r) => r.volume_sector(member, at).map(|l| l / chunk),
             };
             let _stripe = match key {
                 Some(k) => Some(self.lock(k).lock().await),
                 None => None,
             };
             let data = match &self.geo {
-                Geo::Parity(g) => {
+                MdGeometry::Parity(g) => {
                     let s = g.stripe(at / chunk);
                     let mut row = self.read_row(&s, at, n, opts).await?;
                     self.recover_data(&s, &mut row)?;
@@ -1147,7 +1079,7 @@ impl Raid {
                         row[member].take().ok_or_else(|| self.too_degraded())?
                     }
                 }
-                Geo::Raid10(r) => match r.volume_sector(member, at) {
+                MdGeometry::Raid10(r) => match r.volume_sector(member, at) {
                     Some(l) => self.read_copy(r, l, n, Some(member), opts).await?,
                     // Past the array's data: nothing to copy.
                     None => vec![0u8; (n * 512) as usize],
@@ -1208,7 +1140,7 @@ impl Raid {
     /// [`resync_parity`](Self::resync_parity)'s copying.
     async fn resync_rows(&self, opts: IoOpts) -> Result<()> {
         match &self.geo {
-            Geo::Parity(g) => {
+            MdGeometry::Parity(g) => {
                 for stripe in 0..g.stripes() {
                     let s = g.stripe(stripe);
                     let _stripe = self.lock(stripe).lock().await;
@@ -1224,7 +1156,7 @@ impl Raid {
                     }
                 }
             }
-            Geo::Raid10(r) => {
+            MdGeometry::Raid10(r) => {
                 let mut l = 0;
                 while l < r.total_sectors() {
                     let _stripe = self.lock(l / r.chunk()).lock().await;
@@ -1281,7 +1213,7 @@ impl BlockDevice for Raid {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
         match &self.geo {
-            Geo::Parity(g) => {
+            MdGeometry::Parity(g) => {
                 let pieces = g.map(start, sectors)?;
                 let mut rest = buf;
                 let mut parts = Vec::with_capacity(pieces.len());
@@ -1292,7 +1224,7 @@ impl BlockDevice for Raid {
                 }
                 crate::device::all(parts).await?;
             }
-            Geo::Raid10(r) => {
+            MdGeometry::Raid10(r) => {
                 let pieces = r.map(start, sectors)?;
                 let mut rest = buf;
                 let mut parts = Vec::with_capacity(pieces.len());
@@ -1333,7 +1265,7 @@ impl BlockDevice for Raid {
 impl Raid {
     async fn write_geo(&self, start: u64, sectors: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         match &self.geo {
-            Geo::Parity(g) => {
+            MdGeometry::Parity(g) => {
                 let pieces = g.map(start, sectors)?;
                 let mut by_stripe: Vec<(u64, Vec<(ParityPiece, Bytes)>)> = Vec::new();
                 for p in pieces {
@@ -1351,7 +1283,7 @@ impl Raid {
                 )
                 .await?;
             }
-            Geo::Raid10(r) => {
+            MdGeometry::Raid10(r) => {
                 let pieces = r.map(start, sectors)?;
                 let writes = pieces.into_iter().map(|p| {
                     let at = ((p.lblk - start) * 512) as usize;
