@@ -185,6 +185,25 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// A crash-lab log that cannot be read as written: truncated, corrupted, or not a log.
+    #[error("{path}: {what} (at byte {offset})")]
+    CrashLog {
+        /// The log file.
+        path: String,
+        /// Where it breaks: the byte offset of the first record that does not read whole.
+        offset: u64,
+        /// What is wrong there.
+        what: String,
+    },
+    /// A recording layer whose log could not be written: the device refuses further
+    /// writes rather than let them go unrecorded.
+    #[error("{device}: recording failed: {what}")]
+    Recording {
+        /// The recorded device.
+        device: String,
+        /// Why the log could not be written.
+        what: String,
+    },
     /// A geometry ccd would refuse.
     #[error(transparent)]
     Geometry(#[from] tagstripe_striping::Error),
@@ -254,6 +273,7 @@ impl Error {
             | Self::BadLength { .. }
             | Self::BadUrl { .. }
             | Self::BadSize { .. }
+            | Self::CrashLog { .. }
             | Self::Geometry(_)
             | Self::Limits(_) => libc::EINVAL,
             Self::ReadOnly { .. } => libc::EROFS,
@@ -265,7 +285,7 @@ impl Error {
             Self::Protocol { .. } => libc::EPROTO,
             Self::Tls { .. } => libc::EACCES,
             Self::Metadata(_) => libc::EUCLEAN,
-            Self::Resync { .. } => libc::EIO,
+            Self::Resync { .. } | Self::Recording { .. } => libc::EIO,
             Self::Timeout { .. } => libc::ETIMEDOUT,
             Self::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
             Self::Component { .. } => libc::EIO,

@@ -47,6 +47,7 @@ pub use tagstripe_scheduler as scheduler;
 pub use tagstripe_striping as striping;
 
 mod backend;
+pub mod crash;
 mod device;
 mod error;
 mod layers;
@@ -65,6 +66,7 @@ pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
     aligned_bytes, sysfs_limits,
 };
+pub use crash::{Recorded, Recorder};
 pub use device::{
     BlockDevice, BoxFuture, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Zeroes, Zeroing,
 };

@@ -527,8 +527,6 @@ pub fn sysfs_limits(queue: &Path, lbs: u32, pbs: u32) -> tagstripe_quirks::Limit
     l
 }
 
-/// Deallocates `[offset, offset + len)` so it reads as zeroes; falls back to writing zeroes
-/// where the filesystem cannot punch holes.
 /// Zeroes a range with `fallocate`: punching a hole if `unmap` (it reads as zeroes), else
 /// `FALLOC_FL_ZERO_RANGE` (allocated, zeroed). `Ok(false)` when the file or device cannot
 /// (`EOPNOTSUPP`): the caller writes zeroes.
@@ -556,7 +554,9 @@ pub(super) fn zero_range(f: &File, offset: u64, len: u64, unmap: bool) -> io::Re
     }
 }
 
-fn punch_hole(f: &File, offset: u64, len: u64) -> io::Result<()> {
+/// Deallocates `[offset, offset + len)` so it reads as zeroes; falls back to writing zeroes
+/// where the filesystem cannot punch holes.
+pub(crate) fn punch_hole(f: &File, offset: u64, len: u64) -> io::Result<()> {
     let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     };

@@ -8,6 +8,7 @@ mod sim;
 mod uring;
 
 pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
+pub(crate) use file::punch_hole;
 pub use file::{FileDevice, FileOptions, aligned_bytes, sysfs_limits};
 pub use mem::MemDevice;
 pub use sim::SimDevice;
