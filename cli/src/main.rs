@@ -18,6 +18,7 @@ macro_rules! outln {
 
 mod bench;
 mod components;
+mod crash;
 mod info;
 mod layout;
 mod map;
@@ -50,6 +51,9 @@ enum Command {
     Info(info::InfoArgs),
     /// Export a striped volume (or one device) over NBD to any NBD client.
     Serve(serve::ServeArgs),
+    /// The crash lab: check every state a power cut could leave on a volume recorded with
+    /// `serve --record`, rebuild one, or say what a log holds.
+    Crash(crash::CrashArgs),
 }
 
 /// Exit code for usage errors and refused configurations (clap uses the same).
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Crash(args) => crash::run(&args),
     }
 }
 

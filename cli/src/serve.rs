@@ -99,6 +99,12 @@ pub(crate) struct ServeArgs {
     /// with no md driver; stale or missing members are served around.
     #[arg(long, conflicts_with_all = ["mirror", "uniform"])]
     md: bool,
+    /// Record what the clients write (writes, write-zeroes, trims and flushes, with their
+    /// data, flags and order) into a crash-lab log, from the volume's content when serving
+    /// starts; `tagstripe crash check LOG` then runs a check on every state a power cut
+    /// could have left.
+    #[arg(long, value_name = "LOG", conflicts_with = "read_only")]
+    record: Option<std::path::PathBuf>,
     /// Components: files, block devices, or nbd://host[:port][/export]. With one, that
     /// device is exported directly.
     #[arg(required = true)]
@@ -297,6 +303,8 @@ struct Assembled {
     volume: Option<Arc<Volume>>,
     /// An md array (`--md`, `--level`), closed cleanly at the stop.
     raid: Option<Arc<tagstripe::Raid>>,
+    /// The recorder of `--record`, finished at the stop.
+    recorder: Option<tagstripe::Recorder>,
     server: Arc<NbdServer>,
 }
 
@@ -391,7 +399,7 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         .map_err(|e| refuse("open", &e))?;
     if args.md || args.level.is_some() {
         let raid = Arc::new(md_array(args, comps).await?);
-        let device = Arc::clone(&raid) as Arc<dyn DynBlockDevice>;
+        let (device, recorder) = record(args, Arc::clone(&raid) as Arc<dyn DynBlockDevice>).await?;
         let e = Export::device(&args.export, Arc::clone(&device))
             .description("an md array served by tagstripe")
             .read_only(args.read_only);
@@ -407,10 +415,11 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
             device,
             volume: None,
             raid: Some(raid),
+            recorder,
             server: Arc::new(server),
         });
     }
-    let (device, volume): (Arc<dyn DynBlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
+    let (device, mut volume): (Arc<dyn DynBlockDevice>, Option<Arc<Volume>>) = if comps.len() == 1 {
         (Arc::clone(&comps[0]), None)
     } else {
         let b = args.layout.volume(
@@ -430,8 +439,16 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         let v = Arc::new(v);
         (Arc::clone(&v) as Arc<dyn DynBlockDevice>, Some(v))
     };
+    let (device, recorder) = record(args, device).await?;
+    // A recorded volume is exported as the recording device (so every write is recorded);
+    // the volume itself is still closed at the stop.
+    let exported_volume = if recorder.is_some() {
+        None
+    } else {
+        volume.clone()
+    };
     let entry = |name: &str, class: Option<IoClass>| {
-        let e = match &volume {
+        let e = match &exported_volume {
             Some(v) => Export::volume(name, Arc::clone(v)),
             None => Export::device(name, Arc::clone(&device)),
         };
@@ -449,10 +466,32 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
     }
     Ok(Assembled {
         device,
-        volume,
+        volume: volume.take(),
         raid: None,
+        recorder,
         server: Arc::new(server),
     })
+}
+
+/// With `--record`: the device wrapped in a recorder writing the log (and the recorder,
+/// to finish at the stop); otherwise the device as it is.
+async fn record(
+    args: &ServeArgs,
+    device: Arc<dyn DynBlockDevice>,
+) -> Result<(Arc<dyn DynBlockDevice>, Option<tagstripe::Recorder>), Refused> {
+    let Some(path) = &args.record else {
+        return Ok((device, None));
+    };
+    let fail = |e: tagstripe::Error| refuse("record", &format!("--record {}: {e}", path.display()));
+    let rec = tagstripe::Recorder::create(path).map_err(fail)?;
+    let recorded = rec.record(device).await.map_err(fail)?;
+    if !recorded.zero_base() {
+        say_err(&format!(
+            "recording into {}: the volume holds data already; keep a copy of it as it is now              (before any client writes) for `tagstripe crash check --base`",
+            path.display()
+        ));
+    }
+    Ok((Arc::new(recorded), Some(rec)))
 }
 
 /// The md array `--md` or `--level` asks for, over `comps`.
@@ -519,6 +558,7 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         device,
         volume,
         raid,
+        recorder,
         server,
     } = a;
     let info = device.info().clone();
@@ -611,6 +651,17 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         if let Err(e) = flushed {
             eprintln!("tagstripe serve: flush on exit failed: {e}");
             return ExitCode::FAILURE;
+        }
+    }
+    // The log ends after the stop's flush (recorded too, when the device is served
+    // directly: the clean shutdown a crash state is compared with).
+    if let Some(rec) = &recorder {
+        match rec.finish().await {
+            Ok(()) => eprintln!("tagstripe serve: recording written to {}", rec.path()),
+            Err(e) => {
+                eprintln!("tagstripe serve: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
     let c = server.counters();

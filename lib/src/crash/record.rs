@@ -152,6 +152,7 @@ impl Recorder {
         Ok(Recorded {
             inner: dev,
             dev: id,
+            zero_base,
             rec: Arc::clone(&self.inner),
         })
     }
@@ -283,6 +284,7 @@ fn append(w: &mut BufWriter<File>, head: &[u8], data: &[Bytes]) -> std::io::Resu
 pub struct Recorded<D> {
     inner: D,
     dev: u16,
+    zero_base: bool,
     rec: Arc<Inner>,
 }
 
@@ -290,6 +292,19 @@ impl<D: BlockDevice> Recorded<D> {
     /// The device under the recording.
     pub fn inner(&self) -> &D {
         &self.inner
+    }
+
+    /// The device read as zeroes throughout when recording began: its states need no base
+    /// image. When it did not, keep a copy of it as it was for `crash check --base`.
+    #[must_use]
+    pub fn zero_base(&self) -> bool {
+        self.zero_base
+    }
+
+    /// Its number in the log.
+    #[must_use]
+    pub fn index(&self) -> u16 {
+        self.dev
     }
 
     /// Records a request around `io`: its submit record first, its outcome after.
