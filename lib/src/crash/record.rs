@@ -40,6 +40,8 @@ struct Inner {
     path: String,
     tx: mpsc::Sender<Entry>,
     next_seq: AtomicU64,
+    /// Submit and complete records queued so far.
+    events: AtomicU64,
     devices: Mutex<u16>,
     /// Why the log cannot be written any more (set by the thread, or by `finish`).
     failed: Arc<Mutex<Option<String>>>,
@@ -110,6 +112,7 @@ impl Recorder {
                 path: name,
                 tx,
                 next_seq: AtomicU64::new(0),
+                events: AtomicU64::new(0),
                 devices: Mutex::new(0),
                 failed,
             }),
@@ -172,6 +175,15 @@ impl Recorder {
             device: self.inner.path.clone(),
             what,
         })
+    }
+
+    /// How many submit and complete records have been queued so far: a position in the
+    /// log's events ([`CrashLog::events`](crate::crash::CrashLog::events)) past every record
+    /// of every request that has completed by now. A test that notes it after a flush
+    /// returns knows that in a crash state at that point or later the flush had completed.
+    #[must_use]
+    pub fn events(&self) -> u64 {
+        self.inner.events.load(Ordering::SeqCst)
     }
 
     /// The log's path.
@@ -328,10 +340,13 @@ impl<D: BlockDevice> Recorded<D> {
             data_at: 0,
         };
         let name = &self.inner.info().name;
+        // Counted before it is queued: `events()` never falls behind a queued record.
+        self.rec.events.fetch_add(1, Ordering::SeqCst);
         self.rec
             .send(name, Entry::Submit(log::submit_fields(&s), data))
             .await?;
         let r = io.await;
+        self.rec.events.fetch_add(1, Ordering::SeqCst);
         let done = self
             .rec
             .send(

@@ -475,7 +475,10 @@ impl Timeline {
             let wr = &self.writes[w];
             let n = units(wr);
             let mut keep: Vec<bool> = (0..n).map(|_| rng.coin()).collect();
-            if n >= 2 {
+            if n == 1 {
+                // One block: it cannot be torn, it lands whole.
+                keep[0] = true;
+            } else {
                 let k = rng.below(n) as usize;
                 if keep.iter().all(|&b| b) {
                     keep[k] = false;
