@@ -294,12 +294,15 @@ fn record_random(dir: &Path, seed: u64, tasks: u64, ops: u64) -> PathBuf {
     path
 }
 
+/// A write landing: when, which, and (torn) which of its sectors.
+type Landing = (u64, usize, Option<Vec<(u64, u64)>>);
+
 /// A state's image, byte by byte from its definition: every write of the base and the
 /// overlay, sorted by landing, over zeroes.
 fn oracle(log: &CrashLog, t: &Timeline, s: &CrashState, dev: u16) -> Vec<u8> {
     let sectors = log.devices()[usize::from(dev)].sectors;
     let mut img = vec![0u8; sectors as usize * 512];
-    let mut land: Vec<(u64, usize, Option<Vec<(u64, u64)>>)> = (0..t.writes().len())
+    let mut land: Vec<Landing> = (0..t.writes().len())
         .filter(|&w| t.in_base(s.base, s.point, w))
         .map(|w| (t.base_landing(w), w, None))
         .chain(
