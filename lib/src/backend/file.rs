@@ -381,7 +381,7 @@ impl BlockDevice for FileDevice {
 /// zeroes; data boundaries are widened to whole blocks of `lbs` sectors (a partly allocated
 /// block is data). Where the file cannot say (`EINVAL`, `ENOTSUP` on block devices and some
 /// filesystems) the rest is reported as data.
-pub(super) fn seek_extents(f: &File, start: u64, sectors: u64, lbs: u64) -> Vec<crate::Extent> {
+pub(crate) fn seek_extents(f: &File, start: u64, sectors: u64, lbs: u64) -> Vec<crate::Extent> {
     use crate::Extent;
     let seek = |pos: u64, whence: libc::c_int| -> Option<u64> {
         let off = libc::off_t::try_from(pos).ok()?;

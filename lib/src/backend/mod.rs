@@ -8,8 +8,8 @@ mod sim;
 mod uring;
 
 pub use fault::{Fault, FaultDevice, FaultKind, FaultOp};
-pub(crate) use file::punch_hole;
 pub use file::{FileDevice, FileOptions, aligned_bytes, sysfs_limits};
+pub(crate) use file::{punch_hole, seek_extents};
 pub use mem::MemDevice;
 pub use sim::SimDevice;
 #[cfg(feature = "uring")]

@@ -268,20 +268,38 @@ impl Images {
     }
 }
 
-/// A new image at `path`: a copy of `base`, or `bytes` of zeroes (sparse).
+/// A new image at `path`: `bytes` of zeroes (sparse), with `base`'s data copied in (only
+/// its data: its holes stay holes, so a mostly empty base costs what it holds).
 fn fresh(path: &Path, base: Option<&Path>, bytes: u64) -> Result<File> {
     let _ = std::fs::remove_file(path);
-    if let Some(b) = base {
-        std::fs::copy(b, path).map_err(io_err(path, "copy base"))?;
-    }
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
-        .truncate(false)
+        .truncate(true)
         .open(path)
         .map_err(io_err(path, "create"))?;
     f.set_len(bytes).map_err(io_err(path, "size"))?;
+    if let Some(b) = base {
+        let src = File::open(b).map_err(io_err(b, "open"))?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        for e in crate::backend::seek_extents(&src, 0, bytes / 512, 1) {
+            let len = e.sectors * 512;
+            if !e.zero {
+                let mut done = 0;
+                while done < len {
+                    let n = (len - done).min(buf.len() as u64) as usize;
+                    src.read_exact_at(&mut buf[..n], at + done)
+                        .map_err(io_err(b, "read"))?;
+                    f.write_all_at(&buf[..n], at + done)
+                        .map_err(io_err(path, "write"))?;
+                    done += n as u64;
+                }
+            }
+            at += len;
+        }
+    }
     Ok(f)
 }
 
