@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, IoOpts, MemDevice, Volume};
+use tagstripe::{BlockDevice, IoOpts, MemDevice, Recorder, Volume};
 
 const COMP_SECTORS: u64 = 256 * 2048; // 256 MiB each
 
@@ -171,6 +171,26 @@ fn bench_stack(c: &mut Criterion) {
         })
     });
 
+    // The same writes through the crash lab's recording layer (the log written to /dev/null:
+    // what recording costs the request path and the recorder's thread, not the log's disk).
+    let recorded = rt.block_on(async {
+        let rec = Recorder::create("/dev/null").expect("recorder");
+        Arc::new(rec.record(Arc::clone(&vol)).await.expect("recorded"))
+    });
+    g.bench_function(BenchmarkId::new("1m", "volume-write-recorded"), |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                for _ in 0..16 {
+                    next = (next + 2048) % total;
+                    recorded
+                        .write(next, data.clone(), IoOpts::new())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+    });
+
     // 4 KiB reads one at a time on the calling thread: the stack's own cost a request
     // (the layers' futures, the queue's bookkeeping), without a scheduler's.
     let batch = 2048;
@@ -218,7 +238,34 @@ fn bench_stack(c: &mut Criterion) {
             })
         })
     });
+    // 4 KiB random writes, 32 in flight, plain and recorded.
+    g.bench_function(BenchmarkId::new("4k-randwrite", "qd32"), |b| {
+        b.iter(|| rt.block_on(randwrite_qd32(Arc::clone(&vol), total)));
+    });
+    g.bench_function(BenchmarkId::new("4k-randwrite", "qd32-recorded"), |b| {
+        b.iter(|| rt.block_on(randwrite_qd32(Arc::clone(&recorded), total)));
+    });
     g.finish();
+}
+
+/// 32 writers of 64 random 4 KiB writes each.
+async fn randwrite_qd32<D: BlockDevice + 'static>(dev: Arc<D>, total: u64) {
+    let data = Bytes::from(vec![0x3Cu8; 4096]);
+    let mut tasks = Vec::with_capacity(32);
+    for w in 0..32u64 {
+        let dev = Arc::clone(&dev);
+        let data = data.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for _ in 0..64 {
+                let s = random_block(&mut x, total);
+                dev.write(s, data.clone(), IoOpts::new()).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
 }
 
 criterion_group!(benches, bench_stack);

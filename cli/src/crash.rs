@@ -513,6 +513,7 @@ fn replay(a: &ReplayArgs) -> ExitCode {
         Ok(i) => i,
         Err(e) => return fail("bad_base", &e.to_string()),
     };
+    eprintln!("tagstripe crash replay: {}", t.describe(&state));
     if let Err(e) = images.materialize(&log, &t, &state) {
         return fail("replay", &e.to_string());
     }

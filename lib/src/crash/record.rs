@@ -24,6 +24,10 @@ use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result, Zeroes};
 
 /// How many records may wait for the recorder's thread before requests wait for it.
 const QUEUE: usize = 4096;
+/// The recorder's thread's nap between polls of a busy queue.
+const NAP: std::time::Duration = std::time::Duration::from_micros(50);
+/// Naps with nothing queued before the thread parks (about a millisecond).
+const IDLE_POLLS: u32 = 20;
 
 /// What the request path hands the recorder's thread.
 enum Entry {
@@ -31,6 +35,8 @@ enum Entry {
     Body(Vec<u8>),
     /// A submit record: its fields and a write's data.
     Submit([u8; log::SUBMIT_LEN], Vec<Bytes>),
+    /// A complete record: the request's number, and whether it succeeded.
+    Complete(u64, bool),
     /// Write the end record, write out and sync the file, answer.
     Finish(oneshot::Sender<std::result::Result<(), String>>),
 }
@@ -52,6 +58,7 @@ impl std::fmt::Debug for Entry {
         f.write_str(match self {
             Self::Body(_) => "Body",
             Self::Submit(..) => "Submit",
+            Self::Complete(..) => "Complete",
             Self::Finish(_) => "Finish",
         })
     }
@@ -223,6 +230,10 @@ fn writer(file: File, mut rx: mpsc::Receiver<Entry>, failed: &Mutex<Option<Strin
         }
     };
     let mut dirty = false;
+    // Polls that found the queue empty in a row. While requests keep coming the thread
+    // naps between polls instead of parking, so the request path never pays to wake it; after
+    // a millisecond with nothing it parks until the next record.
+    let mut idle = 0;
     loop {
         let entry = match rx.try_recv() {
             Ok(e) => e,
@@ -233,6 +244,11 @@ fn writer(file: File, mut rx: mpsc::Receiver<Entry>, failed: &Mutex<Option<Strin
                     }
                     dirty = false;
                 }
+                if idle < IDLE_POLLS {
+                    idle += 1;
+                    std::thread::sleep(NAP);
+                    continue;
+                }
                 match rx.blocking_recv() {
                     Some(e) => e,
                     None => break,
@@ -240,6 +256,7 @@ fn writer(file: File, mut rx: mpsc::Receiver<Entry>, failed: &Mutex<Option<Strin
             }
             Err(mpsc::error::TryRecvError::Disconnected) => break,
         };
+        idle = 0;
         if failed.lock().is_some() {
             if let Entry::Finish(tx) = entry {
                 let _ = tx.send(Err(failed.lock().clone().unwrap_or_default()));
@@ -250,6 +267,7 @@ fn writer(file: File, mut rx: mpsc::Receiver<Entry>, failed: &Mutex<Option<Strin
         let r = match &entry {
             Entry::Body(b) => append(&mut w, b, &[]),
             Entry::Submit(fields, data) => append(&mut w, fields, data),
+            Entry::Complete(seq, ok) => append(&mut w, &log::complete_body(*seq, *ok), &[]),
             Entry::Finish(_) => append(&mut w, &log::END_BODY, &[])
                 .and_then(|()| w.flush())
                 .and_then(|()| w.get_ref().sync_all()),
@@ -347,13 +365,7 @@ impl<D: BlockDevice> Recorded<D> {
             .await?;
         let r = io.await;
         self.rec.events.fetch_add(1, Ordering::SeqCst);
-        let done = self
-            .rec
-            .send(
-                name,
-                Entry::Body(log::complete_body(seq, r.is_ok()).to_vec()),
-            )
-            .await;
+        let done = self.rec.send(name, Entry::Complete(seq, r.is_ok())).await;
         r.and(done)
     }
 }

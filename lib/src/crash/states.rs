@@ -440,6 +440,58 @@ impl Timeline {
         v
     }
 
+    /// What a state holds, in words: the crash point, how many writes its base holds, which
+    /// others land, and the torn one.
+    ///
+    /// ```
+    /// use tagstripe::crash::{Mode, StateId, Timeline};
+    /// let t = Timeline::from_events(1, &[]);
+    /// let s = t.state(StateId { mode: Mode::Prefix, seed: 0, index: 0 }).unwrap();
+    /// assert_eq!(t.describe(&s), "prefix:0: crash after 0 of 0 events; 0 writes completed before it, nothing else lands");
+    /// ```
+    #[must_use]
+    pub fn describe(&self, s: &CrashState) -> String {
+        let base = (0..self.writes.len())
+            .filter(|&w| self.in_base(s.base, s.point, w))
+            .count();
+        let mut out = format!(
+            "{}: crash after {} of {} events; {base} writes {} before it",
+            s.id,
+            s.point,
+            self.events,
+            match s.base {
+                BaseRule::Completed => "completed",
+                BaseRule::Durable => "durable",
+            }
+        );
+        let maybe = self.maybe(s.point).len();
+        if s.base == BaseRule::Durable {
+            out.push_str(&format!(
+                ", {} of the {maybe} that may land do",
+                s.overlay.len()
+            ));
+        } else {
+            out.push_str(", nothing else lands");
+        }
+        for o in &s.overlay {
+            if let Some(kept) = &o.kept {
+                let w = &self.writes[o.write];
+                let ranges: Vec<String> = kept
+                    .iter()
+                    .map(|(a, n)| format!("{a}..{}", a + n))
+                    .collect();
+                out.push_str(&format!(
+                    "; torn: the write of {} sectors at {} on device {} lands only sectors {}",
+                    w.sectors,
+                    w.start,
+                    w.dev,
+                    ranges.join(", ")
+                ));
+            }
+        }
+        out
+    }
+
     fn random_state(&self, id: StateId) -> CrashState {
         let mut rng = Rng::new(id.seed, id.index);
         // A random epoch with events in it, then a random point inside it.
