@@ -1,4 +1,4 @@
-//! The crash lab: record what a device's clients write ([`Recorder`](crate::Recorder)),
+//! The crash lab: record what a device's clients write ([`Recorder`]),
 //! then check every state a power cut could have left on it.
 //!
 //! - [`log`](CrashLog): the append-only, checksummed record of writes, write-zeroes, trims
