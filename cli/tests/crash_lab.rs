@@ -413,3 +413,44 @@ fn bad_logs_states_and_options_exit_2_with_a_message() {
     assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_log_of_a_killed_server_is_refused_whole_and_read_salvaged() {
+    if !peers::have("qemu-io") {
+        return;
+    }
+    let dir = scratch("crash-killed");
+    let disk = blank(&dir, "disk.img", 8 << 20);
+    let log = dir.join("disk.log");
+    let serve = Serve::start(&["--record", log.to_str().unwrap(), disk.to_str().unwrap()]);
+    let cmds: Vec<String> = (0..8)
+        .flat_map(|i| [format!("write -P {i} {}k 64k", i * 64), "flush".to_owned()])
+        .collect();
+    serve::qemu_io(&serve.url, &cmds);
+    serve.kill(); // SIGKILL: no end record
+    let l = log.to_str().unwrap();
+    let o = tagstripe(&["crash", "info", l]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no end record") && err.contains("--salvage"),
+        "{err}"
+    );
+    let o = tagstripe(&["crash", "info", l, "--salvage", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(json_of(&o)["ended"], false);
+    let o = tagstripe(&[
+        "crash",
+        "check",
+        l,
+        "--salvage",
+        "--mode",
+        "subset",
+        "--states",
+        "50",
+        "--",
+        "true",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
