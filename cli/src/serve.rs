@@ -99,6 +99,14 @@ pub(crate) struct ServeArgs {
     /// with no md driver; stale or missing members are served around.
     #[arg(long, conflicts_with_all = ["mirror", "uniform"])]
     md: bool,
+    /// With --md: DEVICE takes the place of a missing, stale or failed member and is rebuilt
+    /// online from the others, in the idle class, as `mdadm --add` does (repeat it for
+    /// raid6's two; they are rebuilt one after the other). The new member is recorded in
+    /// the array at once, with md's recovery offset as the rebuild goes: stopped part way,
+    /// it is taken up where it was at the next start (name DEVICE among the components
+    /// then).
+    #[arg(long, value_name = "DEVICE", requires = "md")]
+    add: Vec<String>,
     /// Record what the clients write (writes, write-zeroes, trims and flushes, with their
     /// data, flags and order) into a crash-lab log, from the volume's content when serving
     /// starts; `tagstripe crash check LOG` then runs a check on every state a power cut
@@ -305,6 +313,8 @@ struct Assembled {
     raid: Option<Arc<tagstripe::Raid>>,
     /// The recorder of `--record`, finished at the stop.
     recorder: Option<tagstripe::Recorder>,
+    /// An md array's rebuilds (`--add`, or one taken up), stopped before the array closes.
+    rebuild: Option<tokio::task::JoinHandle<()>>,
     server: Arc<NbdServer>,
 }
 
@@ -399,6 +409,7 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         .map_err(|e| refuse("open", &e))?;
     if args.md || args.level.is_some() {
         let raid = Arc::new(md_array(args, comps).await?);
+        let rebuild = md_rebuilds(args, &raid, o).await?;
         let (device, recorder) = record(args, Arc::clone(&raid) as Arc<dyn DynBlockDevice>).await?;
         let e = Export::device(&args.export, Arc::clone(&device))
             .description("an md array served by tagstripe")
@@ -416,6 +427,7 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
             volume: None,
             raid: Some(raid),
             recorder,
+            rebuild,
             server: Arc::new(server),
         });
     }
@@ -469,8 +481,72 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         volume: volume.take(),
         raid: None,
         recorder,
+        rebuild: None,
         server: Arc::new(server),
     })
+}
+
+/// The rebuilds an md array owes: one stopped part way (taken up first), then each `--add`
+/// device in place of a failed member, in the background, one after the other.
+async fn md_rebuilds(
+    args: &ServeArgs,
+    raid: &Arc<tagstripe::Raid>,
+    o: OpenOptions,
+) -> Result<Option<tokio::task::JoinHandle<()>>, Refused> {
+    let paused = raid.rebuild_progress();
+    let failed: Vec<usize> = raid
+        .failed()
+        .into_iter()
+        .filter(|&m| paused.is_none_or(|(p, ..)| p != m))
+        .collect();
+    if args.add.len() > failed.len() {
+        return Err(refuse(
+            "md",
+            &format!(
+                "--add {}: the array has {} missing or failed member{} to replace ({failed:?})",
+                args.add.join(" --add "),
+                failed.len(),
+                if failed.len() == 1 { "" } else { "s" }
+            ),
+        ));
+    }
+    if args.read_only && (paused.is_some() || !args.add.is_empty()) {
+        if !args.add.is_empty() {
+            return Err(refuse(
+                "md",
+                "--add writes the new member: not with --read-only",
+            ));
+        }
+        return Ok(None);
+    }
+    let adds = components::open_all(&args.add, o)
+        .await
+        .map_err(|e| refuse("open", &e))?;
+    if paused.is_none() && adds.is_empty() {
+        return Ok(None);
+    }
+    if let Some((m, done, need)) = paused {
+        say_err(&format!(
+            "md: member {m} was partly rebuilt ({} of {}): taking the rebuild up there",
+            mib(done),
+            mib(need)
+        ));
+    }
+    let raid = Arc::clone(raid);
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = raid.resume_rebuild().await {
+            say_err(&format!("md: the rebuild could not be taken up: {e}"));
+        }
+        for (role, dev) in failed.into_iter().zip(adds) {
+            say_err(&format!(
+                "md: {} added in place of member {role}: rebuilding it",
+                dev.info().name
+            ));
+            if let Err(e) = raid.rebuild(role, dev).await {
+                say_err(&format!("md: the rebuild of member {role} failed: {e}"));
+            }
+        }
+    })))
 }
 
 /// With `--record`: the device wrapped in a recorder writing the log (and the recorder,
@@ -559,6 +635,7 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         volume,
         raid,
         recorder,
+        rebuild,
         server,
     } = a;
     let info = device.info().clone();
@@ -628,6 +705,18 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
             }
         }
     };
+    // A rebuild still going stops where it is (close records how far it came).
+    if let Some(r) = rebuild {
+        r.abort();
+        let _ = r.await;
+        if let Some((m, done, need)) = raid.as_ref().and_then(|r| r.rebuild_progress()) {
+            say_err(&format!(
+                "md: the rebuild of member {m} stopped at {} of {}: it goes on at the next start",
+                mib(done),
+                mib(need)
+            ));
+        }
+    }
     // Stop cleanly: make every acknowledged write durable before leaving.
     if !(args.read_only || info.read_only) {
         if let Some(v) = &volume {

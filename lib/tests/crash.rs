@@ -674,6 +674,7 @@ fn raid_superblock(i: usize) -> Vec<u8> {
         dev_number: i as u32,
         events: 1,
         resync_offset: u64::MAX,
+        recovery_offset: 0,
         dev_roles: (0..4).collect(),
     }
     .encode()

@@ -338,6 +338,7 @@ async fn md_members_laid_out_by_hand_assemble() {
         dev_number: role as u32,
         events,
         resync_offset: u64::MAX,
+        recovery_offset: 0,
         dev_roles: (0..disks as u16).collect(),
     };
     for (i, d) in devs.iter().enumerate() {
@@ -475,6 +476,7 @@ async fn a_power_cut_at_every_point_leaves_no_write_hole() {
             dev_number: i as u32,
             events: 1,
             resync_offset: u64::MAX,
+            recovery_offset: 0,
             dev_roles: (0..disks as u16).collect(),
         };
         d.write(8, Bytes::from(sb.encode()), IoOpts::new())
@@ -700,4 +702,162 @@ async fn behind_tagged_queues_a_rebuild_runs_beside_clients() {
     d.fail(0);
     d.fail(1);
     verify(&d, &model, "rebuilt member serving with two lost").await;
+}
+
+/// A replacement member whose writes stall for good once a budget is spent: a rebuild onto
+/// it stops part way (and the test drops it there, as a stop would).
+#[derive(Debug)]
+struct Stall {
+    inner: Arc<MemDevice>,
+    budget: std::sync::atomic::AtomicI64,
+    stalled: tokio::sync::Notify,
+}
+
+impl BlockDevice for Stall {
+    fn info(&self) -> &tagstripe::DeviceInfo {
+        self.inner.info()
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<Bytes> {
+        self.inner.read(start, sectors, opts).await
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> tagstripe::Result<()> {
+        if self
+            .budget
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            <= 0
+        {
+            self.stalled.notify_one();
+            std::future::pending::<()>().await;
+        }
+        self.inner.write(start, data, opts).await
+    }
+    async fn flush(&self, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.flush(opts).await
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.discard(start, sectors, opts).await
+    }
+}
+
+/// md's recovery offset: a rebuild stopped part way is recorded in the new member's
+/// superblock (at its checkpoints and at the clean stop), the next assembly finds the member
+/// partly rebuilt, and the rebuild is taken up there, not from the start; the array's data
+/// (written before, and while it was paused) reads back, healthy and with any member lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_rebuild_is_taken_up_where_it_stopped_at_the_next_assembly() {
+    use tagstripe::striping::md::Superblock1;
+    let (disks, chunk, size, offset) = (4usize, 64u64, 2048u64, 2048u64);
+    let mems: Vec<Arc<MemDevice>> = (0..disks)
+        .map(|i| Arc::new(MemDevice::new(&format!("sd{i}"), offset + size)))
+        .collect();
+    for (i, d) in mems.iter().enumerate() {
+        let sb = Superblock1 {
+            feature_map: 0,
+            set_uuid: [4; 16],
+            set_name: "lab:resume".into(),
+            level: 5,
+            layout: ParityLayout::LeftSymmetric.md_algorithm(),
+            size,
+            chunk: chunk as u32,
+            raid_disks: disks as u32,
+            data_offset: offset,
+            data_size: size,
+            super_offset: 8,
+            dev_number: i as u32,
+            events: 1,
+            resync_offset: u64::MAX,
+            recovery_offset: 0,
+            dev_roles: (0..disks as u16).collect(),
+        };
+        d.write(8, Bytes::from(sb.encode()), IoOpts::new())
+            .await
+            .unwrap();
+    }
+    let a = Raid::assemble_md("resume", erased(&mems)).await.unwrap();
+    let total = a.info().sectors;
+    let mut want: Vec<u8> = (0..total * 512).map(|i| (i * 13 % 251) as u8).collect();
+    a.write(0, Bytes::from(want.clone()), IoOpts::new())
+        .await
+        .unwrap();
+    a.close().await.unwrap();
+    drop(a);
+
+    // Member 2 is replaced by a blank device; the rebuild stalls after 12 of its writes.
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ev = Arc::clone(&events);
+    let a = Raid::assemble_md("resume", erased(&mems))
+        .await
+        .unwrap()
+        .on_event(move |e| ev.lock().unwrap().push(format!("{e:?}")));
+    let fresh = Arc::new(MemDevice::new("sd2-new", offset + size));
+    let stall = Arc::new(Stall {
+        inner: Arc::clone(&fresh),
+        budget: std::sync::atomic::AtomicI64::new(12),
+        stalled: tokio::sync::Notify::new(),
+    });
+    tokio::select! {
+        r = a.rebuild(2, Arc::clone(&stall) as Arc<dyn DynBlockDevice>) => panic!("the rebuild ended: {r:?}"),
+        () = stall.stalled.notified() => {}
+    }
+    let (member, done, need) = a.rebuild_progress().expect("a paused rebuild");
+    assert_eq!(member, 2);
+    assert!(done > 0 && done < need, "{done} of {need}");
+    assert_eq!(a.failed(), [2]);
+    // The stall is over; writes while paused: below the rebuilt part they reach member 2.
+    stall
+        .budget
+        .store(i64::MAX, std::sync::atomic::Ordering::SeqCst);
+    let patch = vec![0xEEu8; 192 * 512];
+    for at in [0u64, total - 192] {
+        a.write(at, Bytes::from(patch.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        want[(at * 512) as usize..(at * 512) as usize + patch.len()].copy_from_slice(&patch);
+    }
+    a.close().await.unwrap();
+    drop(a);
+
+    // Assembled again with the new device in member 2's place: partly rebuilt.
+    let mut devs = erased(&mems);
+    devs[2] = Arc::clone(&fresh) as Arc<dyn DynBlockDevice>;
+    let ev = Arc::clone(&events);
+    let b = Raid::assemble_md("resume", devs.clone())
+        .await
+        .unwrap()
+        .on_event(move |e| ev.lock().unwrap().push(format!("{e:?}")));
+    assert_eq!(b.failed(), [2]);
+    let (m, at, _) = b.rebuild_progress().unwrap();
+    assert!(
+        m == 2 && at > 0 && at <= done,
+        "taken up at {at}, stopped at {done}"
+    );
+    assert_eq!(b.read(0, total, IoOpts::new()).await.unwrap(), want);
+    assert!(b.resume_rebuild().await.unwrap());
+    assert!(b.failed().is_empty() && b.rebuild_progress().is_none());
+    assert!(
+        !b.resume_rebuild().await.unwrap(),
+        "nothing left to take up"
+    );
+    b.close().await.unwrap();
+    drop(b);
+    let log = events.lock().unwrap().join("\n");
+    assert!(
+        log.contains("whole: true"),
+        "the first rebuild, from the start: {log}"
+    );
+    assert!(
+        log.contains(&format!("sectors: {}, whole: false", need - at)),
+        "taken up for the rest only: {log}"
+    );
+
+    // Whole again: read healthy, and with any member lost.
+    for lost in 0..disks {
+        let c = Raid::assemble_md("resume", devs.clone()).await.unwrap();
+        assert!(c.failed().is_empty() && c.rebuild_progress().is_none());
+        c.fail(lost);
+        assert!(
+            c.read(0, total, IoOpts::new()).await.unwrap() == want,
+            "member {lost} lost"
+        );
+    }
 }

@@ -1002,7 +1002,7 @@ pub mod gf {
 ///     feature_map: 0, set_uuid: [1; 16], set_name: "host:md0".into(), level: 5,
 ///     layout: ParityLayout::LeftSymmetric.md_algorithm(), size: 8192, chunk: 128,
 ///     raid_disks: 4, data_offset: 2048, data_size: 8192, super_offset: 8, dev_number: 2,
-///     events: 7, resync_offset: u64::MAX, dev_roles: vec![0, 1, 2, 3],
+///     events: 7, resync_offset: u64::MAX, recovery_offset: 0, dev_roles: vec![0, 1, 2, 3],
 /// };
 /// let bytes = sb.encode(); // what md writes 4 KiB into a 1.2 member
 /// let back = Superblock1::parse(&bytes)?;
@@ -1042,6 +1042,10 @@ pub struct Superblock1 {
     /// when the array was stopped cleanly. Anything else: a crash may have left a
     /// stripe's parity behind its data, and the array must be resynced.
     pub resync_offset: u64,
+    /// With [`FEATURE_RECOVERY_OFFSET`] in `feature_map`: this member is being rebuilt and
+    /// holds the array's data below this member sector (md's `recovery_offset`, which it
+    /// writes as a rebuild goes so that the next assembly takes it up there). 0 otherwise.
+    pub recovery_offset: u64,
     /// Each device number's role: a member index, or 0xffff spare, 0xfffe faulty,
     /// 0xfffd journal.
     pub dev_roles: Vec<u16>,
@@ -1049,6 +1053,9 @@ pub struct Superblock1 {
 
 /// md's superblock magic.
 pub const MD_SB_MAGIC: u32 = 0xa92b_4efc;
+/// `feature_map` bit: the member is partly rebuilt, up to `recovery_offset`
+/// (`MD_FEATURE_RECOVERY_OFFSET`).
+pub const FEATURE_RECOVERY_OFFSET: u32 = 2;
 /// A `dev_roles` entry for a spare.
 pub const ROLE_SPARE: u16 = 0xffff;
 /// A `dev_roles` entry for a faulty device.
@@ -1139,6 +1146,7 @@ impl Superblock1 {
             dev_number: le32(b, 160),
             events: le64(b, 200),
             resync_offset: le64(b, 208),
+            recovery_offset: le64(b, 152),
             dev_roles: (0..max_dev)
                 .map(|i| u16::from_le_bytes([b[256 + 2 * i], b[257 + 2 * i]]))
                 .collect(),
@@ -1169,6 +1177,7 @@ impl Superblock1 {
         put64(&mut b, 128, self.data_offset);
         put64(&mut b, 136, self.data_size);
         put64(&mut b, 144, self.super_offset);
+        put64(&mut b, 152, self.recovery_offset);
         put32(&mut b, 160, self.dev_number);
         put64(&mut b, 200, self.events);
         put64(&mut b, 208, self.resync_offset);
@@ -1197,6 +1206,13 @@ impl Superblock1 {
             .get(dev)
             .filter(|&&r| r < 0xff00)
             .map(|&r| usize::from(r))
+    }
+
+    /// How far this member is rebuilt, if it is being rebuilt (md's recovery offset, with
+    /// its feature bit): it holds the array's data below that member sector only.
+    #[must_use]
+    pub fn recovering(&self) -> Option<u64> {
+        (self.feature_map & FEATURE_RECOVERY_OFFSET != 0).then_some(self.recovery_offset)
     }
 
     /// Whether the array was stopped cleanly (no resync owed).

@@ -375,6 +375,7 @@ fn superblocks_round_trip_and_refuse_corruption() {
         dev_number: 3,
         events: 42,
         resync_offset: u64::MAX,
+        recovery_offset: 0,
         dev_roles: vec![0, 1, 2, 3, 4, 0xffff],
     };
     let b = sb.encode();

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use tagstripe_scheduler::IoClass;
 use tagstripe_striping::md::{
-    MdGeometry, Parity, ParityPiece, ROLE_FAULTY, Raid10, StripeMap, Superblock1, gf,
+    FEATURE_RECOVERY_OFFSET, MdGeometry, Parity, ParityPiece, ROLE_FAULTY, Raid10, StripeMap,
+    Superblock1, gf,
 };
 
 use crate::{BlockDevice, Caps, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
@@ -59,8 +60,12 @@ pub struct Raid {
     md: Option<MdState>,
     /// Recently written stripes' whole chunk rows (data members), written through.
     cache: parking_lot::Mutex<std::collections::VecDeque<(u64, Row)>>,
-    /// A rebuild under way: the member, sectors done, sectors in all.
+    /// A rebuild under way or paused: the member, sectors done, sectors in all. Writes
+    /// below the sectors done reach the member either way.
     rebuilding: parking_lot::Mutex<Option<(usize, u64, u64)>>,
+    /// The rebuild is paused (its future was dropped, or the array was assembled with a
+    /// member partly rebuilt): [`Raid::resume_rebuild`] takes it up.
+    paused: AtomicBool,
     /// Members sit behind tagged queues (a rebuilt member's device is put behind one too).
     queued: Option<tagstripe_scheduler::FairConfig>,
     /// Where member events go.
@@ -175,6 +180,7 @@ impl Raid {
             md: None,
             cache: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             rebuilding: parking_lot::Mutex::new(None),
+            paused: AtomicBool::new(false),
             queued: None,
             events: None,
         })
@@ -258,6 +264,19 @@ impl Raid {
             }
             members[role] = Some((i, sb.data_offset));
         }
+        // A member md (or tagstripe) was rebuilding when the array stopped: in its role,
+        // current below its recovery offset only.
+        let recovering: Vec<(usize, u64)> = members
+            .iter()
+            .enumerate()
+            .filter_map(|(role, m)| {
+                let (i, _) = (*m)?;
+                found[i]
+                    .recovering()
+                    .filter(|&at| at < need)
+                    .map(|at| (role, at))
+            })
+            .collect();
         let mut failed = Vec::new();
         let mut devs = Vec::with_capacity(disks);
         let mut offsets = Vec::with_capacity(disks);
@@ -285,7 +304,31 @@ impl Raid {
             });
         }
         let mut raid = raid;
-        for &f in &failed {
+        let mut failed = failed;
+        for &(role, at) in &recovering {
+            raid.fail_for(
+                role,
+                &format!(
+                    "partly rebuilt (up to member sector {at} of {need}): the rebuild resumes there"
+                ),
+            );
+            *raid.rebuilding.lock() = Some((role, at, need));
+            raid.paused.store(true, Ordering::Release);
+            failed.push(role);
+        }
+        if failed.len() > raid.redundancy() {
+            return Err(Error::Resync {
+                component: failed[0],
+                what: format!(
+                    "members {failed:?} are missing, stale or partly rebuilt: more than the array's redundancy ({})",
+                    raid.redundancy()
+                ),
+            });
+        }
+        for &f in failed
+            .iter()
+            .filter(|f| !recovering.iter().any(|r| r.0 == **f))
+        {
             raid.fail_for(
                 f,
                 if stale.contains(&f) {
@@ -335,13 +378,24 @@ impl Raid {
         let Some(md) = &self.md else { return Ok(()) };
         let mut sbs = md.sbs.lock().await;
         loop {
-            let failed = self.failed();
+            let failed = self.recorded_failed();
+            let rebuilding = *self.rebuilding.lock();
             let events = sbs.iter().flatten().map(|s| s.events).max().unwrap_or(0) + 1;
             let mut writes = Vec::new();
             for (role, sb) in sbs.iter_mut().enumerate() {
                 let Some(sb) = sb else { continue };
                 sb.events = events;
                 sb.resync_offset = if dirty { 0 } else { u64::MAX };
+                match rebuilding {
+                    Some((r, done, _)) if r == role => {
+                        sb.feature_map |= FEATURE_RECOVERY_OFFSET;
+                        sb.recovery_offset = done;
+                    }
+                    _ => {
+                        sb.feature_map &= !FEATURE_RECOVERY_OFFSET;
+                        sb.recovery_offset = 0;
+                    }
+                }
                 for dev in 0..sb.dev_roles.len() {
                     if sb.role_of(dev).is_some_and(|r| failed.contains(&r)) {
                         sb.dev_roles[dev] = ROLE_FAULTY;
@@ -371,6 +425,33 @@ impl Raid {
                 return Ok(());
             }
         }
+    }
+
+    /// The failed members the superblocks record: the failed ones, less a member being
+    /// rebuilt (in its role, with its recovery offset).
+    fn recorded_failed(&self) -> Vec<usize> {
+        let rebuilding = self.rebuilding.lock().map(|(r, ..)| r);
+        self.failed()
+            .into_iter()
+            .filter(|&f| Some(f) != rebuilding)
+            .collect()
+    }
+
+    /// Writes member `role`'s own superblock with how far its rebuild has come (md's
+    /// recovery checkpoint), so that the next assembly takes the rebuild up there.
+    async fn md_checkpoint(&self, role: usize, done: u64) -> Result<()> {
+        let Some(md) = &self.md else { return Ok(()) };
+        let mut sbs = md.sbs.lock().await;
+        let Some(sb) = sbs.get_mut(role).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        sb.feature_map |= FEATURE_RECOVERY_OFFSET;
+        sb.recovery_offset = done;
+        let (at, b) = (sb.super_offset, Bytes::from(sb.encode()));
+        drop(sbs);
+        self.member(role)
+            .write(at, b, IoOpts::new().fua(true))
+            .await
     }
 
     /// An md array's rebuilt member `role` gets a superblock of its own (a new device
@@ -405,8 +486,7 @@ impl Raid {
             };
             sbs[role] = Some(sb);
         }
-        // In sync now: the failed set the superblocks record no longer holds it.
-        self.failed[role].store(false, Ordering::Release);
+        // Recorded in its role, with its recovery offset while the rebuild goes.
         let dirty = md.dirty.load(Ordering::Acquire);
         self.md_record(dirty).await
     }
@@ -422,7 +502,7 @@ impl Raid {
     /// After a write, before it is acknowledged: a member it failed is recorded as faulty.
     async fn md_after_write(&self) -> Result<()> {
         match &self.md {
-            Some(md) if *md.recorded.lock() != self.failed() => self.md_record(true).await,
+            Some(md) if *md.recorded.lock() != self.recorded_failed() => self.md_record(true).await,
             _ => Ok(()),
         }
     }
@@ -438,8 +518,11 @@ impl Raid {
             return Ok(());
         }
         self.flush(IoOpts::new()).await?;
-        match &self.md {
-            Some(md) if md.dirty.load(Ordering::Acquire) => self.md_record(false).await,
+        let rebuilding = *self.rebuilding.lock();
+        match (&self.md, rebuilding) {
+            (Some(md), _) if md.dirty.load(Ordering::Acquire) => self.md_record(false).await,
+            // A rebuild under way or paused: how far it came, for the next assembly.
+            (Some(_), Some((role, done, _))) => self.md_checkpoint(role, done).await,
             _ => Ok(()),
         }
     }
@@ -988,13 +1071,17 @@ impl Raid {
 
     /// Rebuilds member `member` onto `device` (a replacement, or the same member once its
     /// fault is fixed) stripe by stripe from the others, in the idle class, while the array
-    /// serves; the member is read again once it is whole.
+    /// serves; the member is read again once it is whole. In an md array the member is
+    /// recorded in its role from the start, with md's recovery offset written as the rebuild
+    /// goes (and at [`close`](Self::close)): if the rebuild's future is dropped, or the
+    /// process stops, the next assembly (or [`resume_rebuild`](Self::resume_rebuild)) takes
+    /// it up where it was.
     ///
     /// # Errors
     /// [`Error::BadLength`] for a device smaller than the member, [`Error::Resync`] if the
     /// others cannot rebuild it (more failures than the redundancy), I/O errors writing it.
     pub async fn rebuild(&self, member: usize, device: Arc<dyn DynBlockDevice>) -> Result<()> {
-        let (need, chunk) = (self.geo.member_sectors(), self.geo.chunk());
+        let need = self.geo.member_sectors();
         if member >= self.members.len()
             || device.info().sectors < self.offsets[member].saturating_add(need)
         {
@@ -1013,28 +1100,68 @@ impl Raid {
         };
         *self.members[member].write() = Arc::clone(&device);
         *self.rebuilding.lock() = Some((member, 0, need));
-        let _progress = ClearOnDrop(&self.rebuilding);
+        self.paused.store(false, Ordering::Release);
+        if let Err(e) = self.md_adopt(member).await {
+            *self.rebuilding.lock() = None;
+            return Err(e);
+        }
+        self.rebuild_from(member, 0).await
+    }
+
+    /// Takes up a paused rebuild (one whose future was dropped, or a member the array was
+    /// assembled with partly rebuilt, by md or by tagstripe) where it stopped, onto the
+    /// member's device. `Ok(false)`: no rebuild was paused.
+    ///
+    /// # Errors
+    /// As [`rebuild`](Self::rebuild).
+    pub async fn resume_rebuild(&self) -> Result<bool> {
+        let Some((member, done, _)) = *self.rebuilding.lock() else {
+            return Ok(false);
+        };
+        if !self.paused.swap(false, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        tracing::info!(target: "tagstripe::raid", array = %self.info.name, member, done, "rebuild taken up");
+        self.rebuild_from(member, done).await.map(|()| true)
+    }
+
+    /// The rebuild of `member` from member sector `from` to the end, then the member back in
+    /// service.
+    async fn rebuild_from(&self, member: usize, from: u64) -> Result<()> {
+        let (need, chunk) = (self.geo.member_sectors(), self.geo.chunk());
+        let device = self.member(member);
+        // Dropped before the end: paused where it is (writes below it keep reaching the
+        // member, and close records it).
+        let _pause = PauseOnDrop(&self.paused);
         let started = std::time::Instant::now();
         self.emit(&crate::MirrorEvent::ResyncStarted {
             components: vec![member],
-            sectors: need,
-            whole: true,
+            sectors: need - from,
+            whole: from == 0,
         });
         let opts = IoOpts::new().class(IoClass::Idle);
-        let copied = self.rebuild_rows(member, &device, need, chunk, opts).await;
+        let copied = self
+            .rebuild_rows(member, &device, from, need, chunk, opts)
+            .await;
         if let Err(e) = copied {
+            *self.rebuilding.lock() = None;
             self.emit(&crate::MirrorEvent::ResyncFailed {
                 components: vec![member],
                 error: e.to_string(),
             });
             return Err(e);
         }
-        self.md_adopt(member).await?;
+        // In sync: read again, and recorded as a whole member.
         self.failed[member].store(false, Ordering::Release);
+        *self.rebuilding.lock() = None;
+        if let Some(md) = &self.md {
+            let dirty = md.dirty.load(Ordering::Acquire);
+            self.md_record(dirty).await?;
+        }
         tracing::info!(target: "tagstripe::raid", array = %self.info.name, member, "member rebuilt: in sync");
         self.emit(&crate::MirrorEvent::ResyncComplete {
             components: vec![member],
-            sectors: need,
+            sectors: need - from,
             elapsed: started.elapsed(),
         });
         Ok(())
@@ -1046,11 +1173,15 @@ impl Raid {
         &self,
         member: usize,
         device: &Arc<dyn DynBlockDevice>,
+        from: u64,
         need: u64,
         chunk: u64,
         opts: IoOpts,
     ) -> Result<()> {
-        let mut at = 0;
+        // md's checkpoints: the recovery offset written every 1/8 of the member (at most
+        // every 32 MiB), so a stop loses little of the rebuild.
+        let step = (need / 8).clamp(chunk, 64 << 10);
+        let mut at = from;
         while at < need {
             let n = chunk.min(need - at);
             // The stripe (raid10: the chunk) stays locked from its read to the rebuilt
@@ -1091,6 +1222,10 @@ impl Raid {
             let before = at;
             at += n;
             *self.rebuilding.lock() = Some((member, at, need));
+            if at / step != before / step && at < need {
+                device.flush(opts).await?;
+                self.md_checkpoint(member, at).await?;
+            }
             // Every 32 MiB (65,536 sectors).
             if at / (64 << 10) != before / (64 << 10) && at < need {
                 self.emit(&crate::MirrorEvent::ResyncProgress {
@@ -1357,11 +1492,13 @@ pub async fn read_md_superblock(d: &dyn DynBlockDevice) -> Result<Superblock1> {
 }
 
 /// Clears a rebuild's progress when the rebuild ends, however it ends.
-struct ClearOnDrop<'a>(&'a parking_lot::Mutex<Option<(usize, u64, u64)>>);
+/// Marks a rebuild paused when its future is dropped before the end (the end clears the
+/// rebuild first, so then it marks nothing that runs).
+struct PauseOnDrop<'a>(&'a AtomicBool);
 
-impl Drop for ClearOnDrop<'_> {
+impl Drop for PauseOnDrop<'_> {
     fn drop(&mut self) {
-        *self.0.lock() = None;
+        self.0.store(true, Ordering::Release);
     }
 }
 
