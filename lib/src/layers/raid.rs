@@ -304,7 +304,6 @@ impl Raid {
             });
         }
         let mut raid = raid;
-        let mut failed = failed;
         for &(role, at) in &recovering {
             raid.fail_for(
                 role,
