@@ -979,6 +979,84 @@ pub mod gf {
         out
     }
 
+    /// Eight bytes multiplied by 2 at once in GF(2^8) (each byte shifted left, the
+    /// polynomial 0x11d folded back into the bytes whose top bit fell out): the SWAR step
+    /// of hpa's "The mathematics of RAID-6", which md's portable `int64` code uses too.
+    #[inline]
+    fn mul2x8(v: u64) -> u64 {
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let top = v & HIGH;
+        // 0xff in each byte whose top bit was set, then masked to 0x1d.
+        let fold = ((top << 1).wrapping_sub(top >> 7)) & 0x1d1d_1d1d_1d1d_1d1d;
+        ((v << 1) & 0xfefe_fefe_fefe_fefe) ^ fold
+    }
+
+    /// P and Q of a stripe row in one pass: `p = Σ D_c`, `q = Σ 2^c · D_c` over the data
+    /// blocks in syndrome order (`data[c]`; `None` counts as zeroes), by Horner's rule
+    /// from the last block, eight bytes at a time, a 4 KiB block of every source at a time
+    /// so that it stays in the first-level cache. The same P and Q as [`xor_sum_new`] and
+    /// [`mul_acc`] with [`pow2`] give, several times faster.
+    ///
+    /// ```
+    /// use tagstripe_striping::md::gf;
+    /// let (a, b, c) = ([1u8, 2, 3, 200, 0, 0, 0, 9], [7u8; 8], [0x80u8; 8]);
+    /// let (mut p, mut q) = ([0u8; 8], [0u8; 8]);
+    /// gf::gen_syndrome(&[Some(&a[..]), Some(&b[..]), None, Some(&c[..])], &mut p, &mut q);
+    /// for i in 0..8 {
+    ///     assert_eq!(p[i], a[i] ^ b[i] ^ c[i]);
+    ///     assert_eq!(q[i], a[i] ^ gf::mul(2, b[i]) ^ gf::mul(8, c[i]));
+    /// }
+    /// ```
+    pub fn gen_syndrome(data: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+        const WORDS: usize = 512; // 4 KiB a block
+        let len = p.len().min(q.len());
+        let (mut wp, mut wq) = ([0u64; WORDS], [0u64; WORDS]);
+        let mut at = 0;
+        while at < len {
+            let end = (at + WORDS * 8).min(len);
+            let n = (end - at) / 8;
+            let (wp, wq) = (&mut wp[..n], &mut wq[..n]);
+            wp.fill(0);
+            wq.fill(0);
+            // Horner's rule, a whole block a step: q = 2q + D, from the last block down.
+            for d in data.iter().rev() {
+                for w in wq.iter_mut() {
+                    *w = mul2x8(*w);
+                }
+                if let Some(d) = d {
+                    let words = d[at..at + n * 8].chunks_exact(8);
+                    for ((p, q), b) in wp.iter_mut().zip(wq.iter_mut()).zip(words) {
+                        let w = u64::from_ne_bytes(b.try_into().unwrap_or_default());
+                        *p ^= w;
+                        *q ^= w;
+                    }
+                }
+            }
+            for ((pb, qb), (x, y)) in p[at..at + n * 8]
+                .chunks_exact_mut(8)
+                .zip(q[at..at + n * 8].chunks_exact_mut(8))
+                .zip(wp.iter().zip(wq.iter()))
+            {
+                pb.copy_from_slice(&x.to_ne_bytes());
+                qb.copy_from_slice(&y.to_ne_bytes());
+            }
+            // The bytes past the last whole word, one at a time.
+            for j in at + n * 8..end {
+                let (mut bp, mut bq) = (0u8, 0u8);
+                for d in data.iter().rev() {
+                    bq = mul(2, bq);
+                    if let Some(d) = d {
+                        bp ^= d[j];
+                        bq ^= d[j];
+                    }
+                }
+                p[j] = bp;
+                q[j] = bq;
+            }
+            at = end;
+        }
+    }
+
     /// `buf = c · buf`.
     pub fn scale(buf: &mut [u8], c: u8) {
         let mut row = [0u8; 256];

@@ -408,3 +408,30 @@ fn superblocks_round_trip_and_refuse_corruption() {
         Err(Error::InvalidLevel { level: 1 })
     ));
 }
+
+proptest! {
+    /// P and Q in one pass (Horner's rule, eight bytes at a time) equal their definitions
+    /// (the XOR of the data, and `Σ 2^c · D_c` a byte at a time), for any number of data
+    /// blocks, any length (whole words or not), with blocks missing (zeroes).
+    #[test]
+    fn gen_syndrome_is_p_and_q_by_definition(
+        blocks in proptest::collection::vec(
+            proptest::option::weighted(0.85, proptest::collection::vec(any::<u8>(), 77)),
+            1..20,
+        ),
+        len in 0usize..77,
+    ) {
+        let data: Vec<Option<&[u8]>> = blocks.iter().map(|b| b.as_deref().map(|b| &b[..len])).collect();
+        let (mut p, mut q) = (vec![0u8; len], vec![0u8; len]);
+        tagstripe_striping::md::gf::gen_syndrome(&data, &mut p, &mut q);
+        let (mut p2, mut q2) = (vec![0u8; len], vec![0u8; len]);
+        for (c, d) in data.iter().enumerate() {
+            if let Some(d) = d {
+                tagstripe_striping::md::gf::xor_into(&mut p2, d);
+                tagstripe_striping::md::gf::mul_acc(&mut q2, tagstripe_striping::md::gf::pow2(c), d);
+            }
+        }
+        prop_assert_eq!(p, p2);
+        prop_assert_eq!(q, q2);
+    }
+}

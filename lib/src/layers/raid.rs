@@ -807,18 +807,15 @@ impl Raid {
         sources: &[Option<&[u8]>],
         len: usize,
     ) -> (Vec<u8>, Option<Vec<u8>>) {
-        let data: Vec<&[u8]> = s.data.iter().filter_map(|&m| sources[m]).collect();
-        let p = gf::xor_sum_new(&data, len);
-        let q = s.q.map(|_| {
-            let mut q = vec![0u8; len];
-            for (c, &m) in s.syndrome_order().iter().enumerate() {
-                if let Some(d) = sources[m] {
-                    gf::mul_acc(&mut q, gf::pow2(c), d);
-                }
-            }
-            q
-        });
-        (p, q)
+        if s.q.is_none() {
+            let data: Vec<&[u8]> = s.data.iter().filter_map(|&m| sources[m]).collect();
+            return (gf::xor_sum_new(&data, len), None);
+        }
+        // raid6: P and Q in one pass, the data in syndrome order.
+        let order: Vec<Option<&[u8]>> = s.syndrome_order().iter().map(|&m| sources[m]).collect();
+        let (mut p, mut q) = (vec![0u8; len], vec![0u8; len]);
+        gf::gen_syndrome(&order, &mut p, &mut q);
+        (p, Some(q))
     }
 
     /// P and Q of a row whose data chunks are all present.
