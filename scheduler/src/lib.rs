@@ -29,6 +29,7 @@ mod policy;
 mod queue;
 mod rng;
 pub mod sim;
+mod tenant;
 mod types;
 
 pub use disk::{
@@ -41,6 +42,9 @@ pub use policy::{
 };
 pub use queue::{QueueConfig, TagQueue};
 pub use rng::Rng;
+pub use tenant::{
+    Idle, TenantCounters, TenantDispatch, TenantError, TenantId, TenantScheduler, TenantSpec,
+};
 pub use types::{
     Dir, Dispatch, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind, Ticket,
 };
