@@ -204,6 +204,14 @@ pub enum Error {
         /// Why the log could not be written.
         what: String,
     },
+    /// A tenant that cannot be added or changed: a bad spec, a name taken or unknown.
+    #[error("tenant {tenant}: {what}")]
+    Tenant {
+        /// The tenant's name.
+        tenant: String,
+        /// What is wrong.
+        what: String,
+    },
     /// A geometry ccd would refuse.
     #[error(transparent)]
     Geometry(#[from] tagstripe_striping::Error),
@@ -274,6 +282,7 @@ impl Error {
             | Self::BadUrl { .. }
             | Self::BadSize { .. }
             | Self::CrashLog { .. }
+            | Self::Tenant { .. }
             | Self::Geometry(_)
             | Self::Limits(_) => libc::EINVAL,
             Self::ReadOnly { .. } => libc::EROFS,

@@ -73,7 +73,10 @@ pub use device::{
 pub use error::{Error, Result};
 pub use layers::mirror::metadata::component_metadata;
 pub use layers::mirror::resync::{MirrorEvent, SideStatus};
-pub use layers::{Queue, QueueHandle, Raid, Split, Striped, read_md_superblock};
+pub use layers::{
+    Queue, QueueHandle, Raid, Split, Striped, Tenant, TenantError, TenantSpec, TenantStats,
+    Tenants, read_md_superblock,
+};
 pub use model::{ByteModel, Check};
 pub use open::{OpenOptions, open, parse_size};
 pub use stats::{Stats, StatsSnapshot};

@@ -1,0 +1,427 @@
+//! Tenants sharing a device: [`Tenants`] holds the requests of every [`Tenant`] in the pure
+//! [`TenantScheduler`](tagstripe_scheduler::TenantScheduler) (mClock's reservations,
+//! weights and limits) and lets through only as many as keep the device busy: requests wait
+//! here, where the policy decides, not in the device's queue, where every policy is FIFO.
+//!
+//! How many go through is adaptive (the device's own queue as short as it can be without
+//! losing throughput): a hill climb on the throughput of windows of 256 completions, which
+//! settles where one more request at the device stops paying (see `Depth`). The depth is
+//! reported in [`Tenants::depth`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tagstripe_scheduler::{Idle, IoClass, Nanos, TenantCounters, TenantId, TenantScheduler};
+pub use tagstripe_scheduler::{TenantError, TenantSpec};
+use tokio::sync::oneshot;
+
+use crate::stats::OpKind;
+use crate::{BlockDevice, DeviceInfo, Error, Extent, IoOpts, Result, Stats, StatsSnapshot, Zeroes};
+
+/// The first depth, before any completion was measured.
+const START_DEPTH: usize = 8;
+/// The most requests let through at once.
+const MAX_DEPTH: usize = 128;
+/// Completions a depth window counts.
+const WINDOW: u32 = 256;
+
+/// What [`Tenants::stats`] reports of a tenant.
+#[derive(Clone, Debug)]
+pub struct TenantStats {
+    /// Its name.
+    pub name: String,
+    /// What it is owed and allowed now.
+    pub spec: TenantSpec,
+    /// Its requests' counts, bytes and latencies (from submission, the wait here included).
+    pub io: StatsSnapshot,
+    /// Served to meet its reservation, by weight, bytes, time held back by its limit.
+    pub served: TenantCounters,
+}
+
+/// The adaptive depth: a hill climb on throughput. Each window of 256 completions with the
+/// depth in full use is compared with the last: 3% more throughput, one more step the same
+/// way; 3% less, turn around; about the same, one slot less (no gain, so a shorter queue at
+/// the device). It settles at the knee where more requests at the device stop paying.
+#[derive(Debug)]
+struct Depth {
+    cur: usize,
+    /// +1 or -1: the way the last step went.
+    dir: isize,
+    count: u32,
+    since: Instant,
+    last: f64,
+    full: bool,
+}
+
+impl Depth {
+    fn completed(&mut self) {
+        self.count += 1;
+        if self.count < WINDOW {
+            return;
+        }
+        let secs = self.since.elapsed().as_secs_f64().max(1e-9);
+        let x = f64::from(self.count) / secs;
+        if self.full {
+            if x > self.last * 1.03 {
+                // Better: on the same way.
+            } else if x < self.last * 0.97 {
+                self.dir = -self.dir;
+            } else {
+                self.dir = -1;
+            }
+            self.cur = self.cur.saturating_add_signed(self.dir).clamp(2, MAX_DEPTH);
+            self.last = x;
+        }
+        self.count = 0;
+        self.since = Instant::now();
+        self.full = false;
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    sched: TenantScheduler<u64>,
+    waiters: HashMap<u64, oneshot::Sender<()>>,
+    next_ticket: u64,
+    in_flight: usize,
+    depth: Depth,
+    /// A wake-up is set for this time (a limit holds every tenant with work back).
+    timer: Option<Nanos>,
+}
+
+#[derive(Debug)]
+struct Shared<D> {
+    dev: D,
+    epoch: Instant,
+    state: Mutex<State>,
+    tenants: Mutex<Vec<(String, Arc<Stats>)>>,
+}
+
+/// A device (or volume) shared by tenants, each owed a reservation, a share by weight and
+/// held to a limit ([`TenantSpec`]); each tenant's requests go through its own [`Tenant`]
+/// handle, a [`BlockDevice`] of its own.
+///
+/// ```
+/// use std::sync::Arc;
+/// use bytes::Bytes;
+/// use tagstripe::{BlockDevice, IoOpts, MemDevice, TenantSpec, Tenants};
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let shared = Tenants::new(MemDevice::new("disk", 8192));
+/// let vm = shared.add("vm", TenantSpec::new().reserve_iops(500.0))?;
+/// let backup = shared.add("backup", TenantSpec::new().weight(1).limit_bps(50e6))?;
+/// vm.write(0, Bytes::from(vec![1u8; 4096]), IoOpts::new()).await?;
+/// assert_eq!(backup.read(0, 8, IoOpts::new()).await?[0], 1);
+/// // Specs change at run time.
+/// shared.set("backup", TenantSpec::new().weight(1).limit_bps(20e6))?;
+/// let stats = shared.stats();
+/// assert_eq!((stats[0].name.as_str(), stats[0].io.writes), ("vm", 1));
+/// # Ok::<(), tagstripe::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Tenants<D> {
+    shared: Arc<Shared<D>>,
+}
+
+impl<D> Clone for Tenants<D> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<D: BlockDevice + 'static> Tenants<D> {
+    /// `dev`, with no tenants yet.
+    pub fn new(dev: D) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                dev,
+                epoch: Instant::now(),
+                state: Mutex::new(State {
+                    sched: TenantScheduler::new(),
+                    waiters: HashMap::new(),
+                    next_ticket: 0,
+                    in_flight: 0,
+                    depth: Depth {
+                        cur: START_DEPTH,
+                        dir: 1,
+                        count: 0,
+                        since: Instant::now(),
+                        last: 0.0,
+                        full: false,
+                    },
+                    timer: None,
+                }),
+                tenants: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Adds tenant `name` with `spec`; its requests go through the handle returned.
+    ///
+    /// # Errors
+    /// [`Error::Tenant`] for a bad spec or a name already taken.
+    pub fn add(&self, name: &str, spec: TenantSpec) -> Result<Tenant<D>> {
+        let bad = |e: TenantError| Error::Tenant {
+            tenant: name.to_owned(),
+            what: e.to_string(),
+        };
+        let mut names = self.shared.tenants.lock();
+        if names.iter().any(|(n, _)| n == name) {
+            return Err(Error::Tenant {
+                tenant: name.to_owned(),
+                what: "a tenant of that name exists already".into(),
+            });
+        }
+        let id = self.shared.state.lock().sched.add(spec).map_err(bad)?;
+        let stats = Arc::new(Stats::default());
+        names.push((name.to_owned(), Arc::clone(&stats)));
+        let mut info = self.shared.dev.info().clone();
+        info.name = format!("{}:{name}", info.name);
+        Ok(Tenant {
+            shared: Arc::clone(&self.shared),
+            id,
+            info,
+            stats,
+        })
+    }
+
+    /// Changes tenant `name`'s spec, at once.
+    ///
+    /// # Errors
+    /// [`Error::Tenant`] for a bad spec or an unknown name.
+    pub fn set(&self, name: &str, spec: TenantSpec) -> Result<()> {
+        let id = self.id(name)?;
+        let mut st = self.shared.state.lock();
+        st.sched.set(id, spec).map_err(|e| Error::Tenant {
+            tenant: name.to_owned(),
+            what: e.to_string(),
+        })?;
+        self.shared.pump(&mut st);
+        Ok(())
+    }
+
+    fn id(&self, name: &str) -> Result<TenantId> {
+        self.shared
+            .tenants
+            .lock()
+            .iter()
+            .position(|(n, _)| n == name)
+            .map(TenantId)
+            .ok_or_else(|| Error::Tenant {
+                tenant: name.to_owned(),
+                what: "no such tenant".into(),
+            })
+    }
+
+    /// Every tenant's figures, in the order they were added.
+    #[must_use]
+    pub fn stats(&self) -> Vec<TenantStats> {
+        let names = self.shared.tenants.lock();
+        let st = self.shared.state.lock();
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, (name, stats))| TenantStats {
+                name: name.clone(),
+                spec: st.sched.spec(TenantId(i)).unwrap_or_default(),
+                io: stats.snapshot(),
+                served: st.sched.counters(TenantId(i)).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// How many requests are let through to the device at once now (adaptive).
+    #[must_use]
+    pub fn depth(&self) -> usize {
+        self.shared.state.lock().depth.cur
+    }
+
+    /// The shared device.
+    pub fn device(&self) -> &D {
+        &self.shared.dev
+    }
+}
+
+impl<D: BlockDevice + 'static> Shared<D> {
+    fn now(&self) -> Nanos {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Lets requests through while the depth allows; sets a wake-up when limits hold every
+    /// waiting tenant back.
+    fn pump(self: &Arc<Self>, st: &mut State) {
+        let now = self.now();
+        while st.in_flight < st.depth.cur {
+            match st.sched.next(now) {
+                Ok(d) => {
+                    if let Some(tx) = st.waiters.remove(&d.req) {
+                        if tx.send(()).is_ok() {
+                            st.in_flight += 1;
+                        }
+                    }
+                }
+                Err(Idle::Empty) => break,
+                Err(Idle::Until(t)) => {
+                    if st.timer.is_none_or(|at| at > t) {
+                        st.timer = Some(t);
+                        let me = Arc::clone(self);
+                        let wait = Duration::from_nanos(t.saturating_sub(now));
+                        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                            rt.spawn(async move {
+                                tokio::time::sleep(wait).await;
+                                let mut st = me.state.lock();
+                                if st.timer == Some(t) {
+                                    st.timer = None;
+                                }
+                                me.pump(&mut st);
+                            });
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        if st.in_flight >= st.depth.cur {
+            st.depth.full = true;
+        }
+    }
+
+    fn done(self: &Arc<Self>) {
+        let mut st = self.state.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        st.depth.completed();
+        self.pump(&mut st);
+    }
+}
+
+/// A request let through: leaving the device (done, failed or cancelled) frees its slot.
+struct Admitted<D: BlockDevice + 'static> {
+    shared: Arc<Shared<D>>,
+}
+
+impl<D: BlockDevice + 'static> Drop for Admitted<D> {
+    fn drop(&mut self) {
+        self.shared.done();
+    }
+}
+
+/// One tenant's handle on a [`Tenants`] device: a [`BlockDevice`] whose reads, writes,
+/// write-zeroes and discards are that tenant's (flushes and allocation queries go straight
+/// through).
+#[derive(Debug)]
+pub struct Tenant<D> {
+    shared: Arc<Shared<D>>,
+    id: TenantId,
+    info: DeviceInfo,
+    stats: Arc<Stats>,
+}
+
+impl<D: BlockDevice + 'static> Tenant<D> {
+    /// Waits for the scheduler to let a request of `bytes` through.
+    async fn admit(&self, bytes: u64, class: IoClass) -> Result<Admitted<D>> {
+        let rx = {
+            let mut st = self.shared.state.lock();
+            let ticket = st.next_ticket;
+            st.next_ticket += 1;
+            let now = self.shared.now();
+            if st.sched.submit(now, self.id, ticket, bytes, class).is_err() {
+                return Err(Error::Closed {
+                    device: self.info.name.clone(),
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            st.waiters.insert(ticket, tx);
+            self.shared.pump(&mut st);
+            rx
+        };
+        rx.await.map_err(|_| Error::Closed {
+            device: self.info.name.clone(),
+        })?;
+        Ok(Admitted {
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    /// Runs `io` as one of this tenant's requests, counted in its stats.
+    async fn run<T>(
+        &self,
+        op: OpKind,
+        bytes: u64,
+        opts: IoOpts,
+        io: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let t0 = Instant::now();
+        let fl = self.stats.begin();
+        let admitted = self.admit(bytes, opts.class).await?;
+        let r = io.await;
+        drop(admitted);
+        fl.end(op, opts.class, bytes, t0.elapsed(), r.is_ok());
+        r
+    }
+}
+
+impl<D: BlockDevice + 'static> BlockDevice for Tenant<D> {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.run(OpKind::Read, sectors * 512, opts, async {
+            self.shared.dev.read(start, sectors, opts).await
+        })
+        .await
+    }
+
+    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+        let bytes = buf.len() as u64;
+        self.run(OpKind::Read, bytes, opts, async {
+            self.shared.dev.read_into(start, buf, opts).await
+        })
+        .await
+    }
+
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+        let bytes = data.len() as u64;
+        self.run(OpKind::Write, bytes, opts, async {
+            self.shared.dev.write(start, data, opts).await
+        })
+        .await
+    }
+
+    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+        let bytes = parts.iter().map(|p| p.len() as u64).sum();
+        self.run(OpKind::Write, bytes, opts, async {
+            self.shared.dev.write_vectored(start, parts, opts).await
+        })
+        .await
+    }
+
+    async fn flush(&self, opts: IoOpts) -> Result<()> {
+        self.shared.dev.flush(opts).await
+    }
+
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+        self.run(OpKind::Discard, 0, opts, async {
+            self.shared.dev.discard(start, sectors, opts).await
+        })
+        .await
+    }
+
+    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
+        self.run(OpKind::Write, 0, opts, async {
+            self.shared.dev.write_zeroes(start, sectors, z, opts).await
+        })
+        .await
+    }
+
+    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
+        self.shared.dev.allocation(start, sectors).await
+    }
+}

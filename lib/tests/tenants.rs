@@ -1,0 +1,138 @@
+//! Tenants over the disk model (tokio's clock, paused: deterministic and fast): weights,
+//! limits, reservations and work conservation measured through `Tenants` as a program
+//! would use it, several requests in flight per tenant.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tagstripe::scheduler::{IoClass, Profile};
+use tagstripe::{BlockDevice, IoOpts, SimDevice, Tenant, TenantSpec, Tenants};
+
+const SECTORS: u64 = 1 << 22; // 2 GiB
+
+/// `depth` tasks of 4 KiB random reads through `dev` until `secs` of virtual time have
+/// passed; the reads completed.
+async fn load<D: BlockDevice + 'static>(dev: Arc<D>, depth: u64, secs: u64, seed: u64) -> u64 {
+    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for w in 0..depth {
+        let dev = Arc::clone(&dev);
+        tasks.push(tokio::spawn(async move {
+            let mut x = (seed * 7919 + w + 1) | 1;
+            let mut n = 0u64;
+            let mut buf = vec![0u8; 4096];
+            while tokio::time::Instant::now() < end {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let at = x % (SECTORS / 8) * 8;
+                dev.read_into(at, &mut buf, IoOpts::new().class(IoClass::BestEffort))
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+fn ssd() -> SimDevice {
+    SimDevice::with_profile("ssd", Profile::Ssd, SECTORS).unwrap()
+}
+
+fn pair(
+    a: TenantSpec,
+    b: TenantSpec,
+) -> (
+    Tenants<SimDevice>,
+    Arc<Tenant<SimDevice>>,
+    Arc<Tenant<SimDevice>>,
+) {
+    let t = Tenants::new(ssd());
+    let x = Arc::new(t.add("a", a).unwrap());
+    let y = Arc::new(t.add("b", b).unwrap());
+    (t, x, y)
+}
+
+#[tokio::test(start_paused = true)]
+async fn weights_split_a_saturated_device() {
+    let (t, a, b) = pair(TenantSpec::new().weight(300), TenantSpec::new().weight(100));
+    let (x, y) = tokio::join!(load(a, 32, 4, 1), load(b, 32, 4, 2));
+    let ratio = x as f64 / y as f64;
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "{x} and {y}: {ratio:.2} (depth {})",
+        t.depth()
+    );
+    assert!(t.depth() >= 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_holds_alone_and_beside_a_saturating_tenant() {
+    for neighbour in [false, true] {
+        let (t, a, b) = pair(TenantSpec::new().limit_iops(2_000.0), TenantSpec::new());
+        let (x, _) = tokio::join!(load(a, 16, 4, 3), async {
+            if neighbour {
+                load(b, 16, 4, 4).await
+            } else {
+                0
+            }
+        });
+        let iops = x as f64 / 4.0;
+        assert!(
+            (1_900.0..=2_100.0).contains(&iops),
+            "neighbour {neighbour}: {iops} IOPS for a limit of 2000"
+        );
+        assert!(t.stats()[0].served.throttled > 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_holds_beside_a_heavy_tenant() {
+    let (t, a, b) = pair(
+        TenantSpec::new().weight(1).reserve_iops(5_000.0),
+        TenantSpec::new().weight(1_000),
+    );
+    let (x, y) = tokio::join!(load(a, 16, 4, 5), load(b, 16, 4, 6));
+    let iops = x as f64 / 4.0;
+    assert!(
+        iops >= 4_750.0,
+        "{iops} IOPS reserved 5000 (the other got {})",
+        y / 4
+    );
+    let s = &t.stats()[0];
+    assert!(s.served.reserved > 0 && s.io.reads == x);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_alone_gets_what_the_device_gives() {
+    let plain = load(Arc::new(ssd()), 16, 4, 7).await;
+    let t = Tenants::new(ssd());
+    let only = Arc::new(t.add("only", TenantSpec::new()).unwrap());
+    let tenanted = load(only, 16, 4, 7).await;
+    let ratio = tenanted as f64 / plain as f64;
+    assert!(
+        ratio >= 0.9,
+        "{tenanted} against {plain} untenanted: {ratio:.2}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn names_and_specs_are_checked() {
+    let t = Tenants::new(ssd());
+    t.add("a", TenantSpec::new()).unwrap();
+    let e = t.add("a", TenantSpec::new()).unwrap_err().to_string();
+    assert!(e.contains("exists already"), "{e}");
+    let e = t
+        .add("b", TenantSpec::new().weight(0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tenant b") && e.contains("weight 0"), "{e}");
+    let e = t.set("zz", TenantSpec::new()).unwrap_err().to_string();
+    assert!(e.contains("no such tenant"), "{e}");
+}
