@@ -26,6 +26,7 @@ mod map_md;
 mod quirks;
 mod serve;
 mod split;
+mod tenants;
 
 /// Striping, tagged queueing and request splitting for storage engineers.
 #[derive(Debug, Parser)]

@@ -80,6 +80,15 @@ pub(crate) struct ServeArgs {
     /// with the tagged queues' fairness between them.
     #[arg(long, value_name = "NAME:CLASS", value_parser = parse_class_export)]
     class_export: Vec<(String, IoClass)>,
+    /// Also export the volume as NAME for a tenant (repeatable): its requests scheduled
+    /// against the other tenants' by mClock's tags, with KEYs (all optional) weight (1-10000,
+    /// default 100: its share of what the reservations leave), reserve-iops, reserve-mbs (a
+    /// minimum), limit-iops, limit-mbs (a maximum; MB = 10^6 bytes, as fio counts) and class
+    /// (its requests' I/O class, default best-effort). With tenants, the plain export and
+    /// each --class-export are tenants too, at weight 100. Each tenant's figures are printed
+    /// at exit and on SIGUSR1.
+    #[arg(long, value_name = "NAME:KEY=VALUE,...", value_parser = crate::tenants::parse_tenant)]
+    tenant: Vec<crate::tenants::TenantArg>,
     /// Largest request a client may send, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_request: u32,
@@ -315,6 +324,8 @@ struct Assembled {
     recorder: Option<tagstripe::Recorder>,
     /// An md array's rebuilds (`--add`, or one taken up), stopped before the array closes.
     rebuild: Option<tokio::task::JoinHandle<()>>,
+    /// The tenants of `--tenant`, their figures printed at exit and on SIGUSR1.
+    tenants: Option<crate::tenants::Shared>,
     server: Arc<NbdServer>,
 }
 
@@ -355,6 +366,17 @@ fn validate(args: &ServeArgs) -> Result<Checked, Refused> {
                 &format!("--class-export {name}: that is the main export's name"),
             ));
         }
+    }
+    let mut names: Vec<&str> = vec![&args.export];
+    names.extend(args.class_export.iter().map(|(n, _)| n.as_str()));
+    for t in &args.tenant {
+        if names.contains(&t.name.as_str()) {
+            return Err(refuse(
+                "bad_option",
+                &format!("--tenant {}: a name already exported", t.name),
+            ));
+        }
+        names.push(&t.name);
     }
     let allow: tagstripe::nbd::AllowList = args
         .allow
@@ -411,23 +433,20 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
         let raid = Arc::new(md_array(args, comps).await?);
         let rebuild = md_rebuilds(args, &raid, o).await?;
         let (device, recorder) = record(args, Arc::clone(&raid) as Arc<dyn DynBlockDevice>).await?;
-        let e = Export::device(&args.export, Arc::clone(&device))
-            .description("an md array served by tagstripe")
-            .read_only(args.read_only);
-        let mut server = NbdServer::new(checked.config.clone()).export_entry(e);
-        for (name, class) in &args.class_export {
-            server = server.export_entry(
-                Export::device(name, Arc::clone(&device))
-                    .read_only(args.read_only)
-                    .class(*class),
-            );
-        }
+        let (server, tenants) = exports(
+            args,
+            checked,
+            &device,
+            None,
+            "an md array served by tagstripe",
+        )?;
         return Ok(Assembled {
             device,
             volume: None,
             raid: Some(raid),
             recorder,
             rebuild,
+            tenants,
             server: Arc::new(server),
         });
     }
@@ -459,31 +478,60 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
     } else {
         volume.clone()
     };
-    let entry = |name: &str, class: Option<IoClass>| {
-        let e = match &exported_volume {
-            Some(v) => Export::volume(name, Arc::clone(v)),
-            None => Export::device(name, Arc::clone(&device)),
-        };
-        let e = e
-            .description("a tagstripe volume")
-            .read_only(args.read_only);
-        match class {
-            Some(c) => e.class(c),
-            None => e,
-        }
-    };
-    let mut server = NbdServer::new(checked.config.clone()).export_entry(entry(&args.export, None));
-    for (name, class) in &args.class_export {
-        server = server.export_entry(entry(name, Some(*class)));
-    }
+    let (server, tenants) = exports(
+        args,
+        checked,
+        &device,
+        exported_volume.as_ref(),
+        "a tagstripe volume",
+    )?;
     Ok(Assembled {
         device,
         volume: volume.take(),
         raid: None,
         recorder,
         rebuild: None,
+        tenants,
         server: Arc::new(server),
     })
+}
+
+/// The server and its exports: the plain one and each `--class-export` over `device` (or
+/// the volume, for the component map); with `--tenant`s, every export a tenant of one
+/// scheduler over `device`.
+fn exports(
+    args: &ServeArgs,
+    checked: &Checked,
+    device: &Arc<dyn DynBlockDevice>,
+    volume: Option<&Arc<Volume>>,
+    description: &str,
+) -> Result<(NbdServer, Option<crate::tenants::Shared>), Refused> {
+    let mut plain: Vec<(String, Option<IoClass>)> = vec![(args.export.clone(), None)];
+    plain.extend(args.class_export.iter().map(|(n, c)| (n.clone(), Some(*c))));
+    let mut server = NbdServer::new(checked.config.clone());
+    let finish = |e: Export, class: Option<IoClass>| {
+        let e = e.description(description).read_only(args.read_only);
+        match class {
+            Some(c) => e.class(c),
+            None => e,
+        }
+    };
+    if args.tenant.is_empty() {
+        for (name, class) in plain {
+            let e = match volume {
+                Some(v) => Export::volume(&name, Arc::clone(v)),
+                None => Export::device(&name, Arc::clone(device)),
+            };
+            server = server.export_entry(finish(e, class));
+        }
+        return Ok((server, None));
+    }
+    let (tenants, devs) = crate::tenants::build(device, &args.tenant, &plain)
+        .map_err(|e| refuse("bad_option", &format!("--tenant: {e}")))?;
+    for (name, dev, class) in devs {
+        server = server.export_entry(finish(Export::device(&name, dev), class));
+    }
+    Ok((server, Some(tenants)))
 }
 
 /// The rebuilds an md array owes: one stopped part way (taken up first), then each `--add`
@@ -636,8 +684,25 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         raid,
         recorder,
         rebuild,
+        tenants,
         server,
     } = a;
+    let started = std::time::Instant::now();
+    if let Some(t) = &tenants {
+        let t = t.clone();
+        tokio::spawn(async move {
+            let Ok(mut usr1) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+            else {
+                return;
+            };
+            while usr1.recv().await.is_some() {
+                for l in crate::tenants::report(&t, started.elapsed().as_secs_f64()) {
+                    eprintln!("tagstripe serve: {l}");
+                }
+            }
+        });
+    }
     let info = device.info().clone();
     // On standard output only the protocol may travel: say everything on stderr then.
     let stdio = matches!(listener, Listener::Stdio);
@@ -673,6 +738,18 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         say!(
             "export {name:?}: the same volume, requests in the {} class",
             class.name()
+        );
+    }
+    for t in &args.tenant {
+        say!(
+            "export {:?}: the same volume as a tenant: weight {}, reserve {} IOPS / {} MB/s, limit {} IOPS / {} MB/s, {} class",
+            t.name,
+            t.spec.weight,
+            t.spec.reserve_iops,
+            t.spec.reserve_bps / 1e6,
+            t.spec.limit_iops,
+            t.spec.limit_bps / 1e6,
+            t.class.name()
         );
     }
     let stop = async {
@@ -751,6 +828,11 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
                 eprintln!("tagstripe serve: {e}");
                 return ExitCode::FAILURE;
             }
+        }
+    }
+    if let Some(t) = &tenants {
+        for l in crate::tenants::report(t, started.elapsed().as_secs_f64()) {
+            eprintln!("tagstripe serve: {l}");
         }
     }
     let c = server.counters();

@@ -267,6 +267,8 @@ struct Tenant<T> {
     last_l: f64,
     last_p: f64,
     tagged: bool,
+    /// Since when its head request has been held back by its limit.
+    held_since: Option<Nanos>,
     stats: TenantCounters,
 }
 
@@ -279,7 +281,7 @@ pub struct TenantCounters {
     pub reserved: u64,
     /// Bytes served.
     pub bytes: u64,
-    /// Time its head request was held back by its limit, in ns.
+    /// Time it had work held back by its limit (and nothing of it could go), in ns.
     pub throttled: Nanos,
 }
 
@@ -340,6 +342,7 @@ impl<T: Copy> TenantScheduler<T> {
             last_l: f64::NEG_INFINITY,
             last_p: f64::NEG_INFINITY,
             tagged: false,
+            held_since: None,
             stats: TenantCounters::default(),
         });
         Ok(TenantId(self.tenants.len() - 1))
@@ -456,6 +459,28 @@ impl<T: Copy> TenantScheduler<T> {
         t.tagged = true;
     }
 
+    /// Takes a queued request back (its caller gave up waiting): it is never served and
+    /// charges its tenant nothing. `false` if it is not queued (served already, or never
+    /// submitted).
+    pub fn cancel(&mut self, id: TenantId, req: &T) -> bool
+    where
+        T: PartialEq,
+    {
+        let Some(t) = self.tenants.get_mut(id.0) else {
+            return false;
+        };
+        for q in &mut t.queues {
+            if let Some(i) = q.iter().position(|x| x.req == *req) {
+                q.remove(i);
+                self.queued -= 1;
+                // The head may have changed: tagged again from the last served one's tags.
+                t.tagged = false;
+                return true;
+            }
+        }
+        false
+    }
+
     /// The next request to send to the device at `now`: a reservation that is due first,
     /// else by weight among tenants under their limits.
     ///
@@ -485,6 +510,11 @@ impl<T: Copy> TenantScheduler<T> {
             (i, true)
         } else {
             let under = |t: &Tenant<T>| !t.spec.has_limit() || t.l <= nowf + t.spec.burst as f64;
+            for t in &mut self.tenants {
+                if t.len() > 0 && !under(t) {
+                    t.held_since.get_or_insert(now);
+                }
+            }
             let pick = self
                 .tenants
                 .iter()
@@ -519,12 +549,9 @@ impl<T: Copy> TenantScheduler<T> {
         if !reserved {
             self.vtime = self.vtime.max(t.p);
         }
-        // Held back by the limit: from its submission to when the limit let it go.
-        if t.spec.has_limit() {
-            let free = t.l - t.spec.burst as f64;
-            if free > q.at as f64 {
-                t.stats.throttled += (free.min(nowf) - q.at as f64) as Nanos;
-            }
+        // Held back by the limit until now.
+        if let Some(since) = t.held_since.take() {
+            t.stats.throttled += now.saturating_sub(since);
         }
         t.stats.served += 1;
         t.stats.reserved += u64::from(reserved);

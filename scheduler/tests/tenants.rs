@@ -270,3 +270,28 @@ fn byte_rates_count_bytes() {
     let mbs = got[0] as f64 / 2.0 / 1e6;
     assert!((0.95..1.3).contains(&mbs), "{mbs} MB/s for 1 MB/s reserved");
 }
+
+#[test]
+fn a_cancelled_request_is_never_served_and_costs_nothing() {
+    let mut s = TenantScheduler::new();
+    let t = s.add(TenantSpec::new().limit_iops(10.0)).unwrap();
+    for i in 0..5u64 {
+        s.submit(0, t, i, 4096, IoClass::BestEffort).unwrap();
+    }
+    assert!(s.cancel(t, &0) && s.cancel(t, &3));
+    assert!(!s.cancel(t, &3), "not twice");
+    assert!(!s.cancel(TenantId(9), &1));
+    assert_eq!(s.len(), 3);
+    let mut got = Vec::new();
+    let mut now = 0;
+    while got.len() < 3 {
+        match s.next(now) {
+            Ok(d) => got.push(d.req),
+            Err(Idle::Until(u)) => now = u,
+            Err(Idle::Empty) => break,
+        }
+    }
+    assert_eq!(got, [1, 2, 4]);
+    // Three served at 10/s (a 10 ms burst): the last no later than 200 ms in.
+    assert!(now <= 200 * MS, "{now}");
+}

@@ -84,9 +84,11 @@ impl Depth {
 }
 
 #[derive(Debug)]
-struct State {
+struct State<D: BlockDevice + 'static> {
     sched: TenantScheduler<u64>,
-    waiters: HashMap<u64, oneshot::Sender<()>>,
+    /// Each waiting request's way to get its slot (the slot itself travels, so a request
+    /// cancelled after it was let through gives it back when dropped).
+    waiters: HashMap<u64, oneshot::Sender<Admitted<D>>>,
     next_ticket: u64,
     in_flight: usize,
     depth: Depth,
@@ -95,10 +97,10 @@ struct State {
 }
 
 #[derive(Debug)]
-struct Shared<D> {
+struct Shared<D: BlockDevice + 'static> {
     dev: D,
     epoch: Instant,
-    state: Mutex<State>,
+    state: Mutex<State<D>>,
     tenants: Mutex<Vec<(String, Arc<Stats>)>>,
 }
 
@@ -124,11 +126,11 @@ struct Shared<D> {
 /// # }).unwrap();
 /// ```
 #[derive(Debug)]
-pub struct Tenants<D> {
+pub struct Tenants<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
 }
 
-impl<D> Clone for Tenants<D> {
+impl<D: BlockDevice + 'static> Clone for Tenants<D> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -256,14 +258,20 @@ impl<D: BlockDevice + 'static> Shared<D> {
 
     /// Lets requests through while the depth allows; sets a wake-up when limits hold every
     /// waiting tenant back.
-    fn pump(self: &Arc<Self>, st: &mut State) {
+    fn pump(self: &Arc<Self>, st: &mut State<D>) {
         let now = self.now();
         while st.in_flight < st.depth.cur {
             match st.sched.next(now) {
                 Ok(d) => {
                     if let Some(tx) = st.waiters.remove(&d.req) {
-                        if tx.send(()).is_ok() {
-                            st.in_flight += 1;
+                        st.in_flight += 1;
+                        let slot = Admitted {
+                            shared: Some(Arc::clone(self)),
+                        };
+                        if let Err(mut slot) = tx.send(slot) {
+                            // Cancelled while it waited: the slot goes back at once.
+                            slot.shared = None;
+                            st.in_flight -= 1;
                         }
                     }
                 }
@@ -301,14 +309,34 @@ impl<D: BlockDevice + 'static> Shared<D> {
     }
 }
 
-/// A request let through: leaving the device (done, failed or cancelled) frees its slot.
+/// A request waiting for its slot: dropped (its caller gave up), it leaves the scheduler.
+struct Waiting<'a, D: BlockDevice + 'static> {
+    shared: &'a Arc<Shared<D>>,
+    tenant: TenantId,
+    ticket: u64,
+}
+
+impl<D: BlockDevice + 'static> Drop for Waiting<'_, D> {
+    fn drop(&mut self) {
+        let mut st = self.shared.state.lock();
+        if st.waiters.remove(&self.ticket).is_some() {
+            st.sched.cancel(self.tenant, &self.ticket);
+        }
+    }
+}
+
+/// A request's slot at the device: dropped (the request done, failed or cancelled, even
+/// before it saw the slot), it frees the slot.
+#[derive(Debug)]
 struct Admitted<D: BlockDevice + 'static> {
-    shared: Arc<Shared<D>>,
+    shared: Option<Arc<Shared<D>>>,
 }
 
 impl<D: BlockDevice + 'static> Drop for Admitted<D> {
     fn drop(&mut self) {
-        self.shared.done();
+        if let Some(s) = self.shared.take() {
+            s.done();
+        }
     }
 }
 
@@ -316,7 +344,7 @@ impl<D: BlockDevice + 'static> Drop for Admitted<D> {
 /// write-zeroes and discards are that tenant's (flushes and allocation queries go straight
 /// through).
 #[derive(Debug)]
-pub struct Tenant<D> {
+pub struct Tenant<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
     id: TenantId,
     info: DeviceInfo,
@@ -326,7 +354,7 @@ pub struct Tenant<D> {
 impl<D: BlockDevice + 'static> Tenant<D> {
     /// Waits for the scheduler to let a request of `bytes` through.
     async fn admit(&self, bytes: u64, class: IoClass) -> Result<Admitted<D>> {
-        let rx = {
+        let (rx, ticket) = {
             let mut st = self.shared.state.lock();
             let ticket = st.next_ticket;
             st.next_ticket += 1;
@@ -339,14 +367,20 @@ impl<D: BlockDevice + 'static> Tenant<D> {
             let (tx, rx) = oneshot::channel();
             st.waiters.insert(ticket, tx);
             self.shared.pump(&mut st);
-            rx
+            (rx, ticket)
         };
-        rx.await.map_err(|_| Error::Closed {
+        // Given up while waiting (the caller's future dropped): out of the scheduler, so it
+        // costs its tenant nothing.
+        let waiting = Waiting {
+            shared: &self.shared,
+            tenant: self.id,
+            ticket,
+        };
+        let slot = rx.await.map_err(|_| Error::Closed {
             device: self.info.name.clone(),
-        })?;
-        Ok(Admitted {
-            shared: Arc::clone(&self.shared),
-        })
+        });
+        std::mem::forget(waiting);
+        slot
     }
 
     /// Runs `io` as one of this tenant's requests, counted in its stats.
