@@ -1,0 +1,85 @@
+//! `serve --tenant`: every refusal names what is wrong before anything listens; a tenant's
+//! export serves the volume, through NBD clients, and its figures are printed at exit and on
+//! SIGUSR1.
+
+use std::process::Command;
+
+#[path = "../../lib/tests/common/peers.rs"]
+mod peers;
+use peers::{have, scratch};
+#[path = "common/serve.rs"]
+mod serve;
+use serve::{Serve, blank, qemu_io};
+
+#[test]
+fn bad_tenant_specs_are_refused_before_listening_naming_the_key() {
+    let dir = scratch("tenant-bad");
+    let disk = blank(&dir, "disk.img", 4 << 20);
+    for (spec, want) in [
+        ("a:colour=red", "unknown key \"colour\""),
+        ("a:weight=0", "weight=\"0\" must be 1-10000"),
+        ("a:weight=lots", "weight=\"lots\""),
+        ("a:reserve-iops=500,limit-iops=100", "reservation 500 is above the limit 100"),
+        ("a:limit-mbs=-3", "limit-mbs=\"-3\""),
+        ("a:class=urgent", "class=\"urgent\""),
+        ("a:weight", "is not KEY=VALUE"),
+        (":weight=3", "name is empty"),
+        ("disk", "a name already exported"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--export", "disk", "--tenant", spec])
+            .arg(&disk)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{spec}: {err}");
+        assert!(err.contains(want), "{spec}: {err}");
+        assert!(o.stdout.is_empty(), "{spec}: listened before refusing");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--tenant", "a", "--tenant", "a:weight=2"])
+        .arg(&disk)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--tenant a: a name already exported"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tenant_export_serves_the_volume_and_reports_its_figures() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("tenant-serve");
+    let disk = blank(&dir, "disk.img", 8 << 20);
+    let mut s = Serve::start(&[
+        "--tenant",
+        "db:weight=300,class=interactive",
+        "--tenant",
+        "backup:weight=1,limit-mbs=20,class=bulk",
+        "--class-export",
+        "scan:idle",
+        disk.to_str().unwrap(),
+    ]);
+    let backup = s.url.replace("/vol", "/backup");
+    let db = s.url.replace("/vol", "/db");
+    qemu_io(&db, &["write -P 0x3c 0 1M".into()]);
+    qemu_io(&backup, &["read -P 0x3c 0 1M".into()]);
+    qemu_io(&s.url, &["read -P 0x3c 512k 512k".into()]);
+    // SIGUSR1: the figures now, and serving goes on.
+    Command::new("kill")
+        .args(["-USR1", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    let line = s.wait_err("tenant backup:");
+    assert!(line.contains("weight 1") && line.contains("limit 20 MB/s"), "{line}");
+    qemu_io(&s.url, &["read -P 0x3c 0 4k".into()]);
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    for name in ["vol", "scan", "db", "backup"] {
+        assert!(err.contains(&format!("tenant {name}: ")), "{name}: {err}");
+    }
+    assert!(err.contains("requests at the device at most now"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
