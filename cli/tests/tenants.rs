@@ -19,7 +19,10 @@ fn bad_tenant_specs_are_refused_before_listening_naming_the_key() {
         ("a:colour=red", "unknown key \"colour\""),
         ("a:weight=0", "weight=\"0\" must be 1-10000"),
         ("a:weight=lots", "weight=\"lots\""),
-        ("a:reserve-iops=500,limit-iops=100", "reservation 500 is above the limit 100"),
+        (
+            "a:reserve-iops=500,limit-iops=100",
+            "reservation 500 is above the limit 100",
+        ),
         ("a:limit-mbs=-3", "limit-mbs=\"-3\""),
         ("a:class=urgent", "class=\"urgent\""),
         ("a:weight", "is not KEY=VALUE"),
@@ -27,7 +30,15 @@ fn bad_tenant_specs_are_refused_before_listening_naming_the_key() {
         ("disk", "a name already exported"),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--export", "disk", "--tenant", spec])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--export",
+                "disk",
+                "--tenant",
+                spec,
+            ])
             .arg(&disk)
             .output()
             .unwrap();
@@ -37,7 +48,15 @@ fn bad_tenant_specs_are_refused_before_listening_naming_the_key() {
         assert!(o.stdout.is_empty(), "{spec}: listened before refusing");
     }
     let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--tenant", "a", "--tenant", "a:weight=2"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--tenant",
+            "a",
+            "--tenant",
+            "a:weight=2",
+        ])
         .arg(&disk)
         .output()
         .unwrap();
@@ -73,7 +92,10 @@ fn a_tenant_export_serves_the_volume_and_reports_its_figures() {
         .status()
         .unwrap();
     let line = s.wait_err("tenant backup:");
-    assert!(line.contains("weight 1") && line.contains("limit 20 MB/s"), "{line}");
+    assert!(
+        line.contains("weight 1") && line.contains("limit 20 MB/s"),
+        "{line}"
+    );
     qemu_io(&s.url, &["read -P 0x3c 0 4k".into()]);
     let (ok, err) = s.stop();
     assert!(ok, "{err}");

@@ -25,7 +25,7 @@ use crate::{BlockDevice, DeviceInfo, Error, Extent, IoOpts, Result, Stats, Stats
 
 /// The first depth, before any completion was measured.
 const START_DEPTH: usize = 8;
-/// The most requests let through at once.
+/// The most requests let through at once (or the device's tags, if fewer).
 const MAX_DEPTH: usize = 128;
 /// Completions a depth window counts.
 const WINDOW: u32 = 256;
@@ -46,10 +46,15 @@ pub struct TenantStats {
 /// The adaptive depth: a hill climb on throughput. Each window of 256 completions with the
 /// depth in full use is compared with the last: 3% more throughput, one more step the same
 /// way; 3% less, turn around; about the same, one slot less (no gain, so a shorter queue at
-/// the device). It settles at the knee where more requests at the device stop paying.
+/// the device). It settles at the knee where more requests at the device stop paying. (A
+/// climb that moved up whenever a window fell 3% under the best one seen was tried: through
+/// NBD, whose windows vary by more than that, it climbed to the device's every tag and the
+/// weights were lost.)
 #[derive(Debug)]
 struct Depth {
     cur: usize,
+    /// The most the device takes (its tags).
+    max: usize,
     /// +1 or -1: the way the last step went.
     dir: isize,
     count: u32,
@@ -74,7 +79,7 @@ impl Depth {
             } else {
                 self.dir = -1;
             }
-            self.cur = self.cur.saturating_add_signed(self.dir).clamp(2, MAX_DEPTH);
+            self.cur = self.cur.saturating_add_signed(self.dir).clamp(2, self.max);
             self.last = x;
         }
         self.count = 0;
@@ -141,6 +146,12 @@ impl<D: BlockDevice + 'static> Clone for Tenants<D> {
 impl<D: BlockDevice + 'static> Tenants<D> {
     /// `dev`, with no tenants yet.
     pub fn new(dev: D) -> Self {
+        let tags = dev.info().limits.max_tags as usize;
+        let max = if tags == 0 {
+            MAX_DEPTH
+        } else {
+            tags.clamp(2, MAX_DEPTH)
+        };
         Self {
             shared: Arc::new(Shared {
                 dev,
@@ -151,7 +162,8 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                     next_ticket: 0,
                     in_flight: 0,
                     depth: Depth {
-                        cur: START_DEPTH,
+                        cur: START_DEPTH.min(max),
+                        max,
                         dir: 1,
                         count: 0,
                         since: Instant::now(),

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Tenants through `tagstripe serve --tenant`, with fio's nbd engine as the clients, on a
+# component that is the bottleneck: an nbdkit memory export behind its rate filter at
+# 200 MB/s (rate=1600M: the filter counts bits). Then the same 50 MB/s limit through
+# tagstripe and through the kernel's blk-throttle (cgroup v1 blkio.throttle) on one loop
+# device, side by side in one run. Says which kernel anchor it could not use.
+#
+#   benches/compare-qos.sh [SECONDS]      (default 8; needs nbdkit, fio with its nbd engine,
+#                                          python3; root for the loop device and blk-throttle)
+set -euo pipefail
+secs=${1:-8}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/target/release/tagstripe"
+for t in nbdkit fio python3; do
+  command -v "$t" >/dev/null || { echo "$t is missing"; exit 2; }
+done
+fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine"; exit 2; }
+[ -x "$bin" ] || (cd "$root" && cargo build --release -q -p tagstripe-cli)
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  [ -n "${loopdev:-}" ] && losetup -d "$loopdev" 2>/dev/null || true
+  [ -n "${cg:-}" ] && rmdir "$cg" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# fio on export $1 (or a device, $1 = dev:PATH): rw bs depth [CGROUP]; prints "MB/s IOPS".
+# With CGROUP, fio runs in that cgroup (v1 blkio).
+job() {
+  local target=$1 rw=$2 bs=$3 depth=$4 cgroup=${5:-}
+  local how
+  if [[ $target == dev:* ]]; then
+    how="--ioengine=libaio --direct=1 --filename=${target#dev:}"
+  else
+    how="--ioengine=nbd --uri=nbd+unix:///$target?socket=$dir/ts.sock"
+  fi
+  # shellcheck disable=SC2086
+  sh -c 'if [ -n "$1" ]; then echo $$ > "$1/cgroup.procs"; fi; shift; exec "$@"' sh "$cgroup" \
+    fio --name=j $how --rw="$rw" --bs="$bs" --iodepth="$depth" --size=1G --time_based \
+    --runtime="$secs" --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]
+r,w=j["read"],j["write"]
+print(round((r["bw_bytes"]+w["bw_bytes"])/1e6,1), round(r["iops"]+w["iops"]))'
+}
+
+nbdkit -U "$dir/kit.sock" -P "$dir/kit.pid" --filter=rate memory 2G rate=1600M
+pids+=("$(cat "$dir/kit.pid")")
+"$bin" serve --listen "unix:$dir/ts.sock" --export plain \
+  --tenant db:weight=3 --tenant backup:weight=1 --tenant capped:limit-mbs=50 \
+  --tenant vm:weight=1,reserve-iops=500 --tenant heavy:weight=1000 \
+  "nbd+unix:///?socket=$dir/kit.sock" >"$dir/serve.out" 2>"$dir/serve.err" &
+pids+=($!)
+for _ in $(seq 50); do [ -S "$dir/ts.sock" ] && break; sleep 0.1; done
+
+echo "== tenants over a 200 MB/s component, fio nbd engine, 64 KiB random reads at QD16, $secs s each"
+read -r plain _ < <(job plain randread 64k 16)
+echo "untenanted export alone (the plain export, itself a weight-100 tenant): $plain MB/s"
+# Two jobs at once: "$1 args" and "$2 args" (each a quoted job line); prints both results.
+pair() {
+  job $1 >"$dir/a" &
+  job $2 >"$dir/b"
+  wait
+  echo "$(cat "$dir/a") | $(cat "$dir/b")"
+}
+db=$(pair "db randread 64k 16" "backup randread 64k 16")
+python3 -c 'import sys; a,b=[float(x.split()[0]) for x in sys.argv[1].split("|")]; print(f"weights 3:1, both saturating: {a} and {b} MB/s: ratio {a/b:.2f} (goal 2.7-3.3), total {a+b:.1f} MB/s = {(a+b)/float(sys.argv[2]):.2f}x of one alone (goal >= 0.95)")' "$db" "$plain"
+read -r capped _ < <(job capped randread 64k 16)
+echo "limit-mbs=50 alone: $capped MB/s (goal 47.5-52.5)"
+echo "limit-mbs=50 beside a saturating tenant (MB/s IOPS | MB/s IOPS): $(pair "capped randread 64k 16" "plain randread 64k 16")"
+echo "reserve-iops=500 at weight 1 beside a weight-1000 tenant, 4 KiB (MB/s IOPS | MB/s IOPS; goal >= 475 IOPS for the first): $(pair "vm randread 4k 16" "heavy randread 4k 16")"
+kill -USR1 "${pids[1]}"; sleep 0.5
+grep "tenant " "$dir/serve.err" | tail -7 | sed 's/^/  /'
+
+echo "== the same 50 MB/s limit on one loop device: tagstripe vs blk-throttle"
+if [ "$(id -u)" != 0 ]; then
+  echo "not root: no loop device, no blk-throttle (run as root for this part)"; exit 0
+fi
+truncate -s 1G "$dir/loop.img"
+loopdev=$(losetup --find --show --direct-io=on "$dir/loop.img")
+kill "${pids[1]}"; wait "${pids[1]}" 2>/dev/null || true
+"$bin" serve --listen "unix:$dir/ts.sock" --export plain --tenant capped:limit-mbs=50 \
+  --direct "$loopdev" >"$dir/serve2.out" 2>"$dir/serve2.err" &
+pids+=($!)
+for _ in $(seq 50); do [ -S "$dir/ts.sock" ] && break; sleep 0.1; done
+cg=/sys/fs/cgroup/blkio/tagstripe-qos-$$
+if [ -d /sys/fs/cgroup/blkio ] && mkdir "$cg" 2>/dev/null; then
+  majmin=$(lsblk -dno MAJ:MIN "$loopdev" | tr -d ' ')
+  echo "$majmin 50000000" >"$cg/blkio.throttle.read_bps_device"
+  if grep -q "$majmin 50000000" "$cg/blkio.throttle.read_bps_device"; then
+    for round in 1 2 3; do
+      read -r t _ < <(job capped randread 64k 16)
+      read -r k _ < <(job "dev:$loopdev" randread 64k 16 "$cg")
+      echo "round $round: tagstripe limit-mbs=50: $t MB/s; blk-throttle 50 MB/s: $k MB/s"
+    done
+  else
+    echo "blk-throttle did not take the limit (read back: $(cat "$cg/blkio.throttle.read_bps_device"))"
+  fi
+else
+  echo "no cgroup v1 blkio here: blk-throttle not measured"
+fi
