@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use tagstripe::crash::{CrashLog, CrashState, Images, Mode, StateId, Tail, Timeline};
+use tagstripe::crash::{CrashLog, Images, Mode, StateId, Tail, Timeline};
 
 /// Arguments of `tagstripe crash`.
 #[derive(Debug, Args)]
@@ -420,7 +420,9 @@ fn check(a: &CheckArgs) -> ExitCode {
     let mut failed = 0u64;
     let mut first: Option<(StateId, Outcome)> = None;
     for s in &states {
-        let r = materialize(&mut images, &log, &t, s)
+        let r = images
+            .materialize(&log, &t, s)
+            .map_err(|e| e.to_string())
             .and_then(|()| run_check(&a.command, &paths, &s.id, &out, timeout));
         let o = match r {
             Ok(o) => o,
@@ -470,15 +472,6 @@ fn check(a: &CheckArgs) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
-}
-
-fn materialize(
-    images: &mut Images,
-    log: &CrashLog,
-    t: &Timeline,
-    s: &CrashState,
-) -> Result<(), String> {
-    images.materialize(log, t, s).map_err(|e| e.to_string())
 }
 
 fn replay(a: &ReplayArgs) -> ExitCode {

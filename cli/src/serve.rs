@@ -558,7 +558,7 @@ async fn md_rebuilds(
             ),
         ));
     }
-    if args.read_only && (paused.is_some() || !args.add.is_empty()) {
+    if args.read_only {
         if !args.add.is_empty() {
             return Err(refuse(
                 "md",

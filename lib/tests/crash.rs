@@ -599,27 +599,7 @@ async fn check_mirror_state(h: &History, images: &[PathBuf], point: u32, id: &St
         a[..n] == b[..n],
         "state {id}: the sides differ after the resync"
     );
-    // The last client flush that had returned by the crash.
-    let done = h.flushes.iter().rev().find(|f| f.0 <= u64::from(point));
-    let (snapshot, after) = match done {
-        Some((_, snap, w)) => (snap.clone(), *w),
-        None => (vec![0; h.sectors as usize], 0),
-    };
-    for s in 0..h.sectors {
-        let sector = &data[s as usize * 512..s as usize * 512 + 8];
-        let got = u32::from_le_bytes(sector[..4].try_into().unwrap());
-        let ok = (got == snapshot[s as usize] && (got == 0 || sector == tagged(got, s)))
-            || h.writes[after..].iter().enumerate().any(|(k, &(ws, wn))| {
-                let wid = (after + k + 1) as u32;
-                got == wid && (ws..ws + wn).contains(&s) && sector == tagged(wid, s)
-            });
-        assert!(
-            ok,
-            "state {id} at {point}: sector {s} holds write {got}; flushed, it held {} (flushes at {:?})",
-            snapshot[s as usize],
-            h.flushes.iter().map(|f| f.0).collect::<Vec<_>>()
-        );
-    }
+    check_tags(h, &data, point, id, "mirror");
 }
 
 #[test]
@@ -742,7 +722,9 @@ fn record_raid(dir: &Path) -> (History, u64) {
     })
 }
 
-/// The flushed-or-later check of [`check_mirror_state`] on data read back.
+/// Every sector of `data` holds what it held at the last client flush that had returned by
+/// the crash at `point`, or what a later write put there (each sector tagged with its
+/// write and its own number, so misplaced data fails too).
 fn check_tags(h: &History, data: &[u8], point: u32, id: &StateId, how: &str) {
     let done = h.flushes.iter().rev().find(|f| f.0 <= u64::from(point));
     let (snapshot, after) = match done {
@@ -759,8 +741,9 @@ fn check_tags(h: &History, data: &[u8], point: u32, id: &StateId, how: &str) {
             });
         assert!(
             ok,
-            "state {id} ({how}): sector {s} holds write {got}; flushed, it held {}",
-            snapshot[s as usize]
+            "state {id} ({how}) at {point}: sector {s} holds write {got}; flushed, it held {} (flushes at {:?})",
+            snapshot[s as usize],
+            h.flushes.iter().map(|f| f.0).collect::<Vec<_>>()
         );
     }
 }

@@ -448,23 +448,19 @@ impl BlockDevice for Cut {
     }
 }
 
-/// No write hole: an md raid5 whose members are cut off after every possible number of
-/// member writes of a small (read-modify-write) write, superblocks included, then assembled
-/// again (a dirty array is resynced first, as md does without a bitmap) and read with each
-/// other member of the stripe failed, returns every chunk it held before, and the written
-/// chunk either all old or all new: never a parity that silently disagrees.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_power_cut_at_every_point_leaves_no_write_hole() {
+/// Four raid5 members laid out by hand as mdadm would (64-sector chunks, 2,048 sectors of
+/// data each after a 2,048-sector data offset, a version-1.2 superblock at sector 8), clean.
+async fn md5_members(set_name: &str, uuid: u8) -> Vec<Arc<MemDevice>> {
     use tagstripe::striping::md::Superblock1;
     let (disks, chunk, size, offset) = (4usize, 64u64, 2048u64, 2048u64);
-    let base: Vec<Arc<MemDevice>> = (0..disks)
+    let mems: Vec<Arc<MemDevice>> = (0..disks)
         .map(|i| Arc::new(MemDevice::new(&format!("sd{i}"), offset + size)))
         .collect();
-    for (i, d) in base.iter().enumerate() {
+    for (i, d) in mems.iter().enumerate() {
         let sb = Superblock1 {
             feature_map: 0,
-            set_uuid: [9; 16],
-            set_name: "lab:cut".into(),
+            set_uuid: [uuid; 16],
+            set_name: set_name.into(),
             level: 5,
             layout: ParityLayout::LeftSymmetric.md_algorithm(),
             size,
@@ -483,6 +479,18 @@ async fn a_power_cut_at_every_point_leaves_no_write_hole() {
             .await
             .unwrap();
     }
+    mems
+}
+
+/// No write hole: an md raid5 whose members are cut off after every possible number of
+/// member writes of a small (read-modify-write) write, superblocks included, then assembled
+/// again (a dirty array is resynced first, as md does without a bitmap) and read with each
+/// other member of the stripe failed, returns every chunk it held before, and the written
+/// chunk either all old or all new: never a parity that silently disagrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_at_every_point_leaves_no_write_hole() {
+    let (disks, chunk, size, offset) = (4usize, 64u64, 2048u64, 2048u64);
+    let base = md5_members("lab:cut", 9).await;
     // Old contents A, written and stopped cleanly.
     let a = Raid::assemble_md("cut", erased(&base)).await.unwrap();
     let old: Vec<u8> = (0..a.info().sectors * 512)
@@ -745,34 +753,8 @@ impl BlockDevice for Stall {
 /// (written before, and while it was paused) reads back, healthy and with any member lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_rebuild_is_taken_up_where_it_stopped_at_the_next_assembly() {
-    use tagstripe::striping::md::Superblock1;
-    let (disks, chunk, size, offset) = (4usize, 64u64, 2048u64, 2048u64);
-    let mems: Vec<Arc<MemDevice>> = (0..disks)
-        .map(|i| Arc::new(MemDevice::new(&format!("sd{i}"), offset + size)))
-        .collect();
-    for (i, d) in mems.iter().enumerate() {
-        let sb = Superblock1 {
-            feature_map: 0,
-            set_uuid: [4; 16],
-            set_name: "lab:resume".into(),
-            level: 5,
-            layout: ParityLayout::LeftSymmetric.md_algorithm(),
-            size,
-            chunk: chunk as u32,
-            raid_disks: disks as u32,
-            data_offset: offset,
-            data_size: size,
-            super_offset: 8,
-            dev_number: i as u32,
-            events: 1,
-            resync_offset: u64::MAX,
-            recovery_offset: 0,
-            dev_roles: (0..disks as u16).collect(),
-        };
-        d.write(8, Bytes::from(sb.encode()), IoOpts::new())
-            .await
-            .unwrap();
-    }
+    let (disks, size, offset) = (4usize, 2048u64, 2048u64);
+    let mems = md5_members("lab:resume", 4).await;
     let a = Raid::assemble_md("resume", erased(&mems)).await.unwrap();
     let total = a.info().sectors;
     let mut want: Vec<u8> = (0..total * 512).map(|i| (i * 13 % 251) as u8).collect();

@@ -1128,7 +1128,7 @@ impl Raid {
         let device = self.member(member);
         // Dropped before the end: paused where it is (writes below it keep reaching the
         // member, and close records it).
-        let _pause = PauseOnDrop(&self.paused);
+        let pause = PauseOnDrop(&self.paused);
         let started = std::time::Instant::now();
         self.emit(&crate::MirrorEvent::ResyncStarted {
             components: vec![member],
@@ -1140,6 +1140,7 @@ impl Raid {
             .rebuild_rows(member, &device, from, need, chunk, opts)
             .await;
         if let Err(e) = copied {
+            std::mem::forget(pause);
             *self.rebuilding.lock() = None;
             self.emit(&crate::MirrorEvent::ResyncFailed {
                 components: vec![member],
@@ -1148,6 +1149,7 @@ impl Raid {
             return Err(e);
         }
         // In sync: read again, and recorded as a whole member.
+        std::mem::forget(pause);
         self.failed[member].store(false, Ordering::Release);
         *self.rebuilding.lock() = None;
         if let Some(md) = &self.md {
@@ -1488,8 +1490,8 @@ pub async fn read_md_superblock(d: &dyn DynBlockDevice) -> Result<Superblock1> {
 }
 
 /// Clears a rebuild's progress when the rebuild ends, however it ends.
-/// Marks a rebuild paused when its future is dropped before the end (the end clears the
-/// rebuild first, so then it marks nothing that runs).
+/// Marks a rebuild paused when its future is dropped before the end (forgotten at the end,
+/// done or failed).
 struct PauseOnDrop<'a>(&'a AtomicBool);
 
 impl Drop for PauseOnDrop<'_> {
