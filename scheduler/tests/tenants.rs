@@ -147,8 +147,9 @@ proptest! {
         if others == 0 || u64::from(limit) * (others as u64 + 1) < capacity {
             prop_assert!(total >= 0.95 * 2.0 * f64::from(limit), "{total} for limit {limit}");
         }
-        // Held back by the limit (counted) whenever its share would be above it.
-        if u64::from(limit) * (others as u64 + 1) < capacity {
+        // Held back by the limit (counted) whenever its share would be clearly above it
+        // (within 10% of its share, the burst may absorb what the limit would hold).
+        if u64::from(limit) * (others as u64 + 1) * 11 < capacity * 10 {
             prop_assert!(s.counters(TenantId(0)).unwrap().throttled > 0);
         }
     }
