@@ -105,3 +105,76 @@ fn a_tenant_export_serves_the_volume_and_reports_its_figures() {
     assert!(err.contains("requests at the device at most now"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench tenants --sim --json` on the disk models: the same seed gives the same report
+/// (a paused clock), and the story's goals are met: the database alone as a tenant at 0.9x
+/// or more of no tenants, the backup alone at its limit, the database and the backup split
+/// by weight 3:1 and the backup within its limit beside it, the VM's reservation met and
+/// its p99 within 4x of alone.
+#[test]
+fn bench_tenants_on_the_disk_models_is_deterministic_and_meets_its_goals() {
+    let run = |profile: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+            .args(["bench", "tenants", "--sim", "--json", "--profile", profile])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    for profile in ["hdd-modern", "hdd-1998"] {
+        let a = run(profile);
+        assert_eq!(a, run(profile), "{profile}: two runs differ");
+        let v: serde_json::Value = serde_json::from_str(&a).unwrap();
+        assert_eq!(v["mode"], "sim");
+        assert_eq!(v["runs"].as_array().unwrap().len(), 7, "{v}");
+        let goals = v["goals"].as_array().unwrap();
+        assert_eq!(goals.len(), 8, "{v}");
+        for g in goals {
+            assert_eq!(g["met"], true, "{profile}: {g}");
+        }
+        assert_eq!(v["met"], true);
+        // The backup's limit held it back, and the VM was served to meet its reservation.
+        let row = |run: &str, t: &str| {
+            v["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["run"] == run)
+                .and_then(|r| {
+                    r["tenants"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|x| x["tenant"] == t)
+                })
+                .cloned()
+                .unwrap()
+        };
+        assert!(
+            row("backup alone, a tenant", "backup")["held_s"]
+                .as_f64()
+                .unwrap()
+                > 1.0
+        );
+        assert!(row("vm, db and backup", "vm")["reserved"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn bench_tenants_refuses_bad_numbers() {
+    for arg in [
+        "--seconds=0",
+        "--vm-reserve-iops=-5",
+        "--backup-limit-mbs=nan",
+        "--profile=floppy",
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_tagstripe"))
+            .args(["bench", "tenants", "--sim", arg])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{arg}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let flag = arg.split('=').next().unwrap();
+        assert!(err.contains(flag), "{arg}: {err}");
+    }
+}

@@ -44,6 +44,7 @@ pub use queue::{QueueConfig, TagQueue};
 pub use rng::Rng;
 pub use tenant::{
     Idle, TenantCounters, TenantDispatch, TenantError, TenantId, TenantScheduler, TenantSpec,
+    weight_cost,
 };
 pub use types::{
     Dir, Dispatch, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind, Ticket,

@@ -61,6 +61,21 @@ const SEC: f64 = 1e9;
 /// Bytes that cost one more I/O in the proportional-share cost.
 const COST_BYTES: f64 = 65_536.0;
 
+/// A request's cost in the proportional share (its P tag advances by this over its weight):
+/// one I/O plus one more for every 64 KiB it moves, the shape of blk-iocost's linear model.
+/// Weights divide this, so two saturating tenants at weights 3 and 1 are served costs 3:1.
+///
+/// ```
+/// use tagstripe_scheduler::weight_cost;
+/// assert_eq!(weight_cost(0), 1.0);
+/// assert_eq!(weight_cost(64 << 10), 2.0);
+/// assert_eq!(weight_cost(1 << 20), 17.0);
+/// ```
+#[must_use]
+pub fn weight_cost(bytes: u64) -> f64 {
+    1.0 + bytes as f64 / COST_BYTES
+}
+
 /// A bad [`TenantSpec`], refused with what is wrong.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -441,7 +456,7 @@ impl<T: Copy> TenantScheduler<T> {
 
     /// A request's proportional-share cost: I/Os (and bytes, as I/Os) over the weight.
     fn p_cost(spec: &TenantSpec, bytes: u64, delta: u32) -> f64 {
-        f64::from(delta) * (1.0 + bytes as f64 / COST_BYTES) / f64::from(spec.weight)
+        f64::from(delta) * weight_cost(bytes) / f64::from(spec.weight)
     }
 
     /// Tags the head request from the last served one's tags.

@@ -296,3 +296,123 @@ fn a_cancelled_request_is_never_served_and_costs_nothing() {
     // Three served at 10/s (a 10 ms burst): the last no later than 200 ms in.
     assert!(now <= 200 * MS, "{now}");
 }
+
+/// Two closed-loop tenants of unlike requests (16 KiB reads, 16 outstanding; 1 MiB writes,
+/// 16 outstanding) at weights 3 and 1 through a device that holds `depth` at once, each
+/// request taking its own time there: the cost served splits 3:1 (both always backlogged).
+#[test]
+fn closed_loop_tenants_of_unlike_sizes_split_by_weight() {
+    let mut s = TenantScheduler::new();
+    let db = s.add(TenantSpec::new().weight(3)).unwrap();
+    let bk = s.add(TenantSpec::new().weight(1)).unwrap();
+    let sizes = [16u64 << 10, 1 << 20];
+    let service: [Nanos; 2] = [10_000_000, 3_000_000];
+    let mut id = 0u64;
+    let mut tenant_of = std::collections::HashMap::new();
+    for (k, t) in [db, bk].into_iter().enumerate() {
+        for _ in 0..16 {
+            s.submit(0, t, id, sizes[k], IoClass::BestEffort).unwrap();
+            tenant_of.insert(id, k);
+            id += 1;
+        }
+    }
+    let depth = 12;
+    // (completion time, request)
+    let mut at_device: Vec<(Nanos, u64)> = Vec::new();
+    let mut cost = [0.0f64; 2];
+    let mut now: Nanos = 0;
+    for _ in 0..20_000 {
+        while at_device.len() < depth {
+            let d = s.next(now).unwrap();
+            let k = tenant_of[&d.req];
+            cost[k] += tagstripe_scheduler::weight_cost(sizes[k]);
+            at_device.push((now + service[k], d.req));
+        }
+        at_device.sort_unstable();
+        let (t, req) = at_device.remove(0);
+        now = t;
+        let k = tenant_of[&req];
+        s.submit(now, [db, bk][k], id, sizes[k], IoClass::BestEffort)
+            .unwrap();
+        tenant_of.insert(id, k);
+        id += 1;
+    }
+    let ratio = cost[0] / cost[1];
+    assert!((2.9..=3.1).contains(&ratio), "{ratio}");
+}
+
+/// A closed loop of two tenants at weights 3 and 1, 16 requests each outstanding, the
+/// second limited to `limit_bps`, through a device that holds 8 at once and takes
+/// `service` ns over each of `size` bytes: the cost served to each and the time taken.
+fn closed_loop_with_limit(
+    sizes: [u64; 2],
+    service: [Nanos; 2],
+    limit_bps: f64,
+) -> ([f64; 2], Nanos) {
+    let mut s = TenantScheduler::new();
+    let a = s.add(TenantSpec::new().weight(3)).unwrap();
+    let b = s
+        .add(TenantSpec::new().weight(1).limit_bps(limit_bps))
+        .unwrap();
+    let mut id = 0u64;
+    let mut tenant_of = std::collections::HashMap::new();
+    for k in 0..2 {
+        for _ in 0..16 {
+            s.submit(0, [a, b][k], id, sizes[k], IoClass::BestEffort)
+                .unwrap();
+            tenant_of.insert(id, k);
+            id += 1;
+        }
+    }
+    let mut at_device: Vec<(Nanos, u64)> = Vec::new();
+    let mut cost = [0.0f64; 2];
+    let mut now: Nanos = 0;
+    while now < 20_000_000_000 {
+        while at_device.len() < 8 {
+            match s.next(now) {
+                Ok(d) => {
+                    let k = tenant_of[&d.req];
+                    cost[k] += tagstripe_scheduler::weight_cost(sizes[k]);
+                    at_device.push((now + service[k], d.req));
+                }
+                Err(Idle::Until(t)) => {
+                    if at_device.is_empty() {
+                        now = t;
+                    } else {
+                        break;
+                    }
+                }
+                Err(Idle::Empty) => break,
+            }
+        }
+        at_device.sort_unstable();
+        let (t, req) = at_device.remove(0);
+        now = now.max(t);
+        let k = tenant_of[&req];
+        s.submit(now, [a, b][k], id, sizes[k], IoClass::BestEffort)
+            .unwrap();
+        tenant_of.insert(id, k);
+        id += 1;
+    }
+    (cost, now)
+}
+
+#[test]
+fn a_limit_above_the_share_by_weight_does_not_lift_the_tenant_above_it() {
+    // 64 KiB at 1 ms, 8 at once: 524 MB/s, a quarter of it 131 MB/s; a limit of 300 MB/s
+    // does not bind, the weights decide.
+    let (cost, _) = closed_loop_with_limit([64 << 10; 2], [1_000_000; 2], 300e6);
+    let ratio = cost[0] / cost[1];
+    assert!((2.9..=3.1).contains(&ratio), "{ratio}");
+    // Unlike requests (16 KiB reads at 10 ms, 1 MiB writes at 20 ms), the second's limit
+    // above its share by weight but each of its requests more than its burst.
+    let (cost, _) = closed_loop_with_limit([16 << 10, 1 << 20], [10_000_000, 20_000_000], 24e6);
+    let ratio = cost[0] / cost[1];
+    assert!((2.9..=3.1).contains(&ratio), "{ratio}");
+    // A limit of 50 MB/s binds: the tenant gets it, the other the rest.
+    let (cost, now) = closed_loop_with_limit([64 << 10; 2], [1_000_000; 2], 50e6);
+    let mbs = cost[1] / 2.0 * 65_536.0 / (now as f64 / 1e9) / 1e6;
+    assert!((47.5..=52.5).contains(&mbs), "{mbs}");
+    let total = (cost[0] + cost[1]) / 2.0 / (now as f64 / 1e9);
+    assert!(total >= 7_900.0, "{total}");
+}

@@ -168,6 +168,13 @@ pub(crate) async fn run(dev: Arc<dyn DynBlockDevice>, load: Load) -> Outcome {
             out
         }));
     }
+    let mut total = gather(tasks).await;
+    total.elapsed = started.elapsed();
+    total
+}
+
+/// The workers' outcomes together, their latencies sorted (`elapsed` left for the caller).
+pub(crate) async fn gather(tasks: Vec<tokio::task::JoinHandle<Outcome>>) -> Outcome {
     let mut total = Outcome::default();
     for t in tasks {
         if let Ok(o) = t.await {
@@ -177,7 +184,6 @@ pub(crate) async fn run(dev: Arc<dyn DynBlockDevice>, load: Load) -> Outcome {
             total.lat.extend(o.lat);
         }
     }
-    total.elapsed = started.elapsed();
     total.lat.sort_unstable();
     total
 }

@@ -35,6 +35,10 @@ enum BenchCommand {
     Fairness(FairnessArgs),
     /// Throughput and latency of one workload on a striped volume.
     Throughput(story::ThroughputArgs),
+    /// Tenants sharing a striped volume: a VM with a reservation and interactive reads, a
+    /// database at weight 3, a backup at weight 1 with a limit; each one's owed against
+    /// what it got (live, or with --sim on the disk models).
+    Tenants(story::TenantsArgs),
     /// A mixed load on every volume kind with faults injected; every acknowledged byte is
     /// checked (bytes lost must be 0).
     Soak(soak::SoakArgs),
@@ -78,7 +82,7 @@ pub(crate) struct FairnessArgs {
     buffered: bool,
 }
 
-fn parse_profile(s: &str) -> Result<Profile, String> {
+pub(crate) fn parse_profile(s: &str) -> Result<Profile, String> {
     Profile::parse(s).ok_or_else(|| format!("{s:?}: expected hdd-1998, hdd-modern or ssd"))
 }
 
@@ -87,6 +91,7 @@ pub(crate) fn run(args: &BenchArgs) -> ExitCode {
         None => story::run(&args.run),
         Some(BenchCommand::Fairness(f)) => fairness(f),
         Some(BenchCommand::Throughput(t)) => story::throughput(t),
+        Some(BenchCommand::Tenants(t)) => story::tenants(t),
         Some(BenchCommand::Soak(s)) => soak::run(s),
     }
 }

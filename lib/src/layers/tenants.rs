@@ -29,6 +29,11 @@ const START_DEPTH: usize = 8;
 const MAX_DEPTH: usize = 128;
 /// Completions a depth window counts.
 const WINDOW: u32 = 256;
+/// How long a tenant counts as busy after it last sent a request (ns). While one tenant
+/// alone is busy no other one waits on the device's queue, so its requests get every tag
+/// the device has (work-conserving: through a depth cut for sharing, a disk that reorders
+/// by position lost 15-30% of a lone tenant's random reads on the disk models).
+const BUSY_FOR: Nanos = 100_000_000;
 
 /// What [`Tenants::stats`] reports of a tenant.
 #[derive(Clone, Debug)]
@@ -64,6 +69,13 @@ struct Depth {
 }
 
 impl Depth {
+    /// A new window from now (the last one's completions were not measured at this depth).
+    fn restart(&mut self) {
+        self.count = 0;
+        self.since = Instant::now();
+        self.full = false;
+    }
+
     fn completed(&mut self) {
         self.count += 1;
         if self.count < WINDOW {
@@ -99,6 +111,30 @@ struct State<D: BlockDevice + 'static> {
     depth: Depth,
     /// A wake-up is set for this time (a limit holds every tenant with work back).
     timer: Option<Nanos>,
+    /// When each tenant last sent a request.
+    last_sent: Vec<Option<Nanos>>,
+    /// Each tenant's requests waiting here or at the device.
+    outstanding: Vec<usize>,
+}
+
+impl<D: BlockDevice + 'static> State<D> {
+    /// At most one tenant is busy: has requests waiting or at the device, or sent one in
+    /// the last [`BUSY_FOR`].
+    fn alone(&self, now: Nanos) -> bool {
+        self.last_sent
+            .iter()
+            .zip(&self.outstanding)
+            .filter(|&(t, &n)| n > 0 || t.is_some_and(|t| now.saturating_sub(t) < BUSY_FOR))
+            .count()
+            <= 1
+    }
+
+    /// One of `tenant`'s requests is done here (served, failed or given up).
+    fn finished(&mut self, tenant: TenantId) {
+        if let Some(n) = self.outstanding.get_mut(tenant.0) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -171,6 +207,8 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                         full: false,
                     },
                     timer: None,
+                    last_sent: Vec::new(),
+                    outstanding: Vec::new(),
                 }),
                 tenants: Mutex::new(Vec::new()),
             }),
@@ -193,7 +231,13 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                 what: "a tenant of that name exists already".into(),
             });
         }
-        let id = self.shared.state.lock().sched.add(spec).map_err(bad)?;
+        let id = {
+            let mut st = self.shared.state.lock();
+            let id = st.sched.add(spec).map_err(bad)?;
+            st.last_sent.push(None);
+            st.outstanding.push(0);
+            id
+        };
         let stats = Arc::new(Stats::default());
         names.push((name.to_owned(), Arc::clone(&stats)));
         let mut info = self.shared.dev.info().clone();
@@ -251,7 +295,8 @@ impl<D: BlockDevice + 'static> Tenants<D> {
             .collect()
     }
 
-    /// How many requests are let through to the device at once now (adaptive).
+    /// How many requests are let through to the device at once now while several tenants
+    /// are busy (adaptive; a tenant busy alone gets every tag the device has).
     #[must_use]
     pub fn depth(&self) -> usize {
         self.shared.state.lock().depth.cur
@@ -272,18 +317,25 @@ impl<D: BlockDevice + 'static> Shared<D> {
     /// waiting tenant back.
     fn pump(self: &Arc<Self>, st: &mut State<D>) {
         let now = self.now();
-        while st.in_flight < st.depth.cur {
+        let cap = if st.alone(now) {
+            st.depth.max
+        } else {
+            st.depth.cur
+        };
+        while st.in_flight < cap {
             match st.sched.next(now) {
                 Ok(d) => {
                     if let Some(tx) = st.waiters.remove(&d.req) {
                         st.in_flight += 1;
                         let slot = Admitted {
                             shared: Some(Arc::clone(self)),
+                            tenant: d.tenant,
                         };
                         if let Err(mut slot) = tx.send(slot) {
                             // Cancelled while it waited: the slot goes back at once.
                             slot.shared = None;
                             st.in_flight -= 1;
+                            st.finished(d.tenant);
                         }
                     }
                 }
@@ -313,10 +365,16 @@ impl<D: BlockDevice + 'static> Shared<D> {
         }
     }
 
-    fn done(self: &Arc<Self>) {
+    fn done(self: &Arc<Self>, tenant: TenantId) {
         let mut st = self.state.lock();
         st.in_flight = st.in_flight.saturating_sub(1);
-        st.depth.completed();
+        st.finished(tenant);
+        if st.alone(self.now()) {
+            // The depth is climbed only where it is used: with tenants sharing.
+            st.depth.restart();
+        } else {
+            st.depth.completed();
+        }
         self.pump(&mut st);
     }
 }
@@ -333,6 +391,7 @@ impl<D: BlockDevice + 'static> Drop for Waiting<'_, D> {
         let mut st = self.shared.state.lock();
         if st.waiters.remove(&self.ticket).is_some() {
             st.sched.cancel(self.tenant, &self.ticket);
+            st.finished(self.tenant);
         }
     }
 }
@@ -342,12 +401,13 @@ impl<D: BlockDevice + 'static> Drop for Waiting<'_, D> {
 #[derive(Debug)]
 struct Admitted<D: BlockDevice + 'static> {
     shared: Option<Arc<Shared<D>>>,
+    tenant: TenantId,
 }
 
 impl<D: BlockDevice + 'static> Drop for Admitted<D> {
     fn drop(&mut self) {
         if let Some(s) = self.shared.take() {
-            s.done();
+            s.done(self.tenant);
         }
     }
 }
@@ -371,10 +431,16 @@ impl<D: BlockDevice + 'static> Tenant<D> {
             let ticket = st.next_ticket;
             st.next_ticket += 1;
             let now = self.shared.now();
+            if let Some(t) = st.last_sent.get_mut(self.id.0) {
+                *t = Some(now);
+            }
             if st.sched.submit(now, self.id, ticket, bytes, class).is_err() {
                 return Err(Error::Closed {
                     device: self.info.name.clone(),
                 });
+            }
+            if let Some(n) = st.outstanding.get_mut(self.id.0) {
+                *n += 1;
             }
             let (tx, rx) = oneshot::channel();
             st.waiters.insert(ticket, tx);

@@ -6,6 +6,7 @@ mod bonnie;
 mod fairness;
 mod report;
 mod sweep;
+mod tenants;
 mod throughput;
 
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use crate::bench::load::{Load, Op, parse_size};
 use crate::components;
 
 pub(crate) use fairness::fairness_live;
+pub(crate) use tenants::{TenantsArgs, tenants};
 pub(crate) use throughput::{ThroughputArgs, throughput};
 
 /// Arguments of `tagstripe bench` run without a subcommand.
