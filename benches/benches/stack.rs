@@ -2,7 +2,8 @@
 //! memcpy of the same bytes, in the same run.
 //!
 //! Targets: 1 MiB requests at ≥ 90% of memcpy bandwidth; 4 KiB random reads at
-//! depth 32 at ≥ 1 M IOPS on 2 cores.
+//! depth 32 at ≥ 1 M IOPS on 2 cores, and through one tenant of a `Tenants` (`qd32-tenant`)
+//! at ≥ 0.9x of that.
 //!
 //! The reference copies the same bytes out of the same pages (`memcpy-same-pages`: the memory
 //! devices under the volume, read directly, each a lock and one `copy_from_slice` per piece).
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, IoOpts, MemDevice, Recorder, Volume};
+use tagstripe::{BlockDevice, IoOpts, MemDevice, Recorder, TenantSpec, Tenants, Volume};
 
 const COMP_SECTORS: u64 = 256 * 2048; // 256 MiB each
 
@@ -213,30 +214,17 @@ fn bench_stack(c: &mut Criterion) {
         })
     });
 
-    // 4 KiB random reads, 32 in flight: each iteration runs a batch of 32 * 64 reads.
+    // 4 KiB random reads, 32 in flight: each iteration runs a batch of 32 * 64 reads; then
+    // the same through one tenant of a `Tenants` over the volume (its scheduler's cost).
     let batch = 32 * 64;
     g.throughput(Throughput::Elements(batch));
     g.bench_function(BenchmarkId::new("4k-randread", "qd32"), |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let mut tasks = Vec::with_capacity(32);
-                for w in 0..32u64 {
-                    let vol = Arc::clone(&vol);
-                    tasks.push(tokio::spawn(async move {
-                        let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                        let mut buf = [0u8; 4096];
-                        for _ in 0..64 {
-                            let s = random_block(&mut x, total);
-                            vol.read_into(s, &mut buf, IoOpts::new()).await.unwrap();
-                            black_box(&buf);
-                        }
-                    }));
-                }
-                for t in tasks {
-                    t.await.unwrap();
-                }
-            })
-        })
+        b.iter(|| rt.block_on(randread_qd32(Arc::clone(&vol), total)));
+    });
+    let tenants = Tenants::new(Arc::clone(&vol));
+    let tenant = Arc::new(tenants.add("t", TenantSpec::new()).expect("tenant"));
+    g.bench_function(BenchmarkId::new("4k-randread", "qd32-tenant"), |b| {
+        b.iter(|| rt.block_on(randread_qd32(Arc::clone(&tenant), total)));
     });
     // 4 KiB random writes, 32 in flight, plain and recorded.
     g.bench_function(BenchmarkId::new("4k-randwrite", "qd32"), |b| {
@@ -246,6 +234,26 @@ fn bench_stack(c: &mut Criterion) {
         b.iter(|| rt.block_on(randwrite_qd32(Arc::clone(&recorded), total)));
     });
     g.finish();
+}
+
+/// 32 readers of 64 random 4 KiB reads each.
+async fn randread_qd32<D: BlockDevice + 'static>(dev: Arc<D>, total: u64) {
+    let mut tasks = Vec::with_capacity(32);
+    for w in 0..32u64 {
+        let dev = Arc::clone(&dev);
+        tasks.push(tokio::spawn(async move {
+            let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut buf = [0u8; 4096];
+            for _ in 0..64 {
+                let s = random_block(&mut x, total);
+                dev.read_into(s, &mut buf, IoOpts::new()).await.unwrap();
+                black_box(&buf);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
 }
 
 /// 32 writers of 64 random 4 KiB writes each.

@@ -66,17 +66,24 @@ struct Depth {
     since: Instant,
     last: f64,
     full: bool,
+    /// Restarted: the next completion opens a new window.
+    stale: bool,
 }
 
 impl Depth {
-    /// A new window from now (the last one's completions were not measured at this depth).
+    /// The window so far was not at this depth: the next completion starts a new one.
     fn restart(&mut self) {
-        self.count = 0;
-        self.since = Instant::now();
-        self.full = false;
+        self.stale = true;
     }
 
     fn completed(&mut self) {
+        if self.stale {
+            self.stale = false;
+            self.count = 0;
+            self.since = Instant::now();
+            self.full = false;
+            return;
+        }
         self.count += 1;
         if self.count < WINDOW {
             return;
@@ -127,6 +134,16 @@ impl<D: BlockDevice + 'static> State<D> {
             .filter(|&(t, &n)| n > 0 || t.is_some_and(|t| now.saturating_sub(t) < BUSY_FOR))
             .count()
             <= 1
+    }
+
+    /// How many requests may be at the device now: every tag while one tenant is busy
+    /// alone, else the adaptive depth.
+    fn cap(&self, now: Nanos) -> usize {
+        if self.alone(now) {
+            self.depth.max
+        } else {
+            self.depth.cur
+        }
     }
 
     /// One of `tenant`'s requests is done here (served, failed or given up).
@@ -205,6 +222,7 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                         since: Instant::now(),
                         last: 0.0,
                         full: false,
+                        stale: false,
                     },
                     timer: None,
                     last_sent: Vec::new(),
@@ -310,18 +328,23 @@ impl<D: BlockDevice + 'static> Tenants<D> {
 
 impl<D: BlockDevice + 'static> Shared<D> {
     fn now(&self) -> Nanos {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.at(Instant::now())
+    }
+
+    /// `t` on the scheduler's clock.
+    fn at(&self, t: Instant) -> Nanos {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Lets requests through while the depth allows; sets a wake-up when limits hold every
     /// waiting tenant back.
     fn pump(self: &Arc<Self>, st: &mut State<D>) {
-        let now = self.now();
-        let cap = if st.alone(now) {
-            st.depth.max
-        } else {
-            st.depth.cur
-        };
+        self.pump_at(st, self.now());
+    }
+
+    /// [`pump`](Self::pump) at `now`.
+    fn pump_at(self: &Arc<Self>, st: &mut State<D>, now: Nanos) {
+        let cap = st.cap(now);
         while st.in_flight < cap {
             match st.sched.next(now) {
                 Ok(d) => {
@@ -369,13 +392,14 @@ impl<D: BlockDevice + 'static> Shared<D> {
         let mut st = self.state.lock();
         st.in_flight = st.in_flight.saturating_sub(1);
         st.finished(tenant);
-        if st.alone(self.now()) {
+        let now = self.now();
+        if st.alone(now) {
             // The depth is climbed only where it is used: with tenants sharing.
             st.depth.restart();
         } else {
             st.depth.completed();
         }
-        self.pump(&mut st);
+        self.pump_at(&mut st, now);
     }
 }
 
@@ -425,12 +449,12 @@ pub struct Tenant<D: BlockDevice + 'static> {
 
 impl<D: BlockDevice + 'static> Tenant<D> {
     /// Waits for the scheduler to let a request of `bytes` through.
-    async fn admit(&self, bytes: u64, class: IoClass) -> Result<Admitted<D>> {
+    async fn admit(&self, bytes: u64, class: IoClass, t0: Instant) -> Result<Admitted<D>> {
         let (rx, ticket) = {
             let mut st = self.shared.state.lock();
             let ticket = st.next_ticket;
             st.next_ticket += 1;
-            let now = self.shared.now();
+            let now = self.shared.at(t0);
             if let Some(t) = st.last_sent.get_mut(self.id.0) {
                 *t = Some(now);
             }
@@ -441,6 +465,24 @@ impl<D: BlockDevice + 'static> Tenant<D> {
             }
             if let Some(n) = st.outstanding.get_mut(self.id.0) {
                 *n += 1;
+            }
+            // Nothing else waits and there is room: through at once (the scheduler still
+            // tags and counts it), without a hand-off.
+            if st.sched.len() == 1 && st.in_flight < st.cap(now) {
+                match st.sched.next(now) {
+                    Ok(d) if d.req == ticket => {
+                        st.in_flight += 1;
+                        if st.in_flight >= st.depth.cur {
+                            st.depth.full = true;
+                        }
+                        return Ok(Admitted {
+                            shared: Some(Arc::clone(&self.shared)),
+                            tenant: self.id,
+                        });
+                    }
+                    // Held by its limit: it waits below, the pump sets the wake-up.
+                    _ => {}
+                }
             }
             let (tx, rx) = oneshot::channel();
             st.waiters.insert(ticket, tx);
@@ -471,7 +513,7 @@ impl<D: BlockDevice + 'static> Tenant<D> {
     ) -> Result<T> {
         let t0 = Instant::now();
         let fl = self.stats.begin();
-        let admitted = self.admit(bytes, opts.class).await?;
+        let admitted = self.admit(bytes, opts.class, t0).await?;
         let r = io.await;
         drop(admitted);
         fl.end(op, opts.class, bytes, t0.elapsed(), r.is_ok());
