@@ -1,29 +1,181 @@
 #!/usr/bin/env bash
 # Side by side in one run: `tagstripe serve`, nbdkit's file plugin and qemu-nbd serving the
-# same 512 MiB file in /dev/shm over Unix sockets, driven by fio's nbd engine (libnbd).
+# same device, driven by fio's nbd engine (libnbd): the matrix of issue 33.
 #   usage: benches/compare-nbd.sh [SECONDS] [RUNS]
-# Workloads: 4 KiB random read/write 50/50 at 4 jobs x QD32, and 1 MiB sequential reads at
-# 4 jobs x QD4, in the clear; then the 1 MiB reads over TLS (`serve --tls on`, `nbdkit
-# --tls=on`, certificates made here by openssl, nbds+unix URIs) to show what TLS costs.
-# Each cell is the median of RUNS runs (servers alternated, so drift hits all alike); the
-# last column is tagstripe / nbdkit.
+# Devices ($DEVICES, default "shm loop direct"):
+#   shm     a 512 MiB file in /dev/shm, each server as it opens a file by default;
+#   loop    a 2 GiB loop device (backing file on /var/tmp, --direct-io=on) through the page
+#           cache, each server's default;
+#   direct  the loop device with O_DIRECT: `serve --direct`, `qemu-nbd --cache=none
+#           --aio=io_uring`, nbdkit's file plugin with cache=none (it has no O_DIRECT).
+# Transports ($TRANSPORTS, default "unix tcp"): a Unix socket, TCP on loopback.
+# Jobs ($JOBS, default "1 4"): fio jobs, each its own connection.
+# Workloads ($WORKLOADS): 4k-randread, 4k-randwrite (QD32), 64k-randrw (50/50, QD16),
+#   1m-write, 1m-read (sequential, QD16).
+# Each cell is the median of RUNS runs, the servers alternated run by run; the ratio is
+# tagstripe against the best of the peers; CPU is each server's user + system seconds (from
+# /proc) per GiB moved. With $TLS=1 (default), 1 MiB reads over TLS on the shm file too.
+# The loop devices need root; without it they are skipped, and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:-10}
-runs=${2:-3}
-for t in fio nbdkit qemu-nbd openssl; do
-  command -v "$t" >/dev/null || { echo "$t is missing (Debian: fio, nbdkit, qemu-utils)"; exit 2; }
+secs=${1:-5}
+runs=${2:-1}
+devices=${DEVICES:-shm loop direct}
+transports=${TRANSPORTS:-unix tcp}
+jobs_list=${JOBS:-1 4}
+workloads=${WORKLOADS:-4k-randread 4k-randwrite 64k-randrw 1m-write 1m-read}
+tls=${TLS:-1}
+py=/usr/bin/python3
+for t in fio nbdkit qemu-nbd openssl $py; do
+  command -v "$t" >/dev/null || { echo "$t is missing (Debian: fio, nbdkit, qemu-utils, openssl, python3)"; exit 2; }
 done
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine"; exit 2; }
 cargo build --release -q -p tagstripe-cli
+ts_bin=$PWD/target/release/tagstripe
 dir=$(mktemp -d /dev/shm/tagstripe-nbd.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+servers=() loopdev="" backing=""
+stop_servers() {
+  for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${servers[@]}"; do
+    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+  done
+  servers=()
+}
+cleanup() {
+  stop_servers
+  [[ -n $loopdev ]] && losetup -d "$loopdev" 2>/dev/null || true
+  [[ -n $backing ]] && rm -f "$backing"
+  rm -rf "$dir"
+}
 trap cleanup EXIT INT TERM
 img="$dir/disk.img"
 dd if=/dev/urandom of="$img" bs=1M count=512 status=none
+if [[ $devices == *loop* || $devices == *direct* ]]; then
+  if [[ $(id -u) -ne 0 ]] || ! command -v losetup >/dev/null; then
+    echo "note: not root (or no losetup): the loop-device rows are skipped"
+    devices=${devices//loop/}
+    devices=${devices//direct/}
+  else
+    backing=$(mktemp /var/tmp/tagstripe-nbd-loop.XXXXXX)
+    dd if=/dev/urandom of="$backing" bs=1M count=2048 oflag=direct status=none
+    loopdev=$(losetup -f --show --direct-io=on "$backing")
+  fi
+fi
 
-# Test certificates: a CA and a server certificate for localhost (what nbds+unix checks).
+port=$((20000 + RANDOM % 20000))
+# Starts the three servers on DEVICE-KIND over TRANSPORT; sets uri_ts, uri_kit, uri_qemu and
+# the pids pid_ts, pid_kit, pid_qemu.
+start() { # kind transport
+  local kind=$1 tr=$2 path direct_ts=() kit_cache=() qemu_cache=()
+  case $kind in
+    shm) path=$img ;;
+    loop) path=$loopdev ;;
+    direct) path=$loopdev; direct_ts=(--direct); kit_cache=(cache=none)
+      qemu_cache=(--cache=none --aio=io_uring) ;;
+  esac
+  local p1=$port p2=$((port + 1)) p3=$((port + 2))
+  port=$((port + 3))
+  if [[ $tr == unix ]]; then
+    "$ts_bin" serve --listen "unix:$dir/ts.sock" --export disk "${direct_ts[@]}" "$path" \
+      >"$dir/serve.out" 2>&1 &
+    pid_ts=$!
+    nbdkit --unix "$dir/kit.sock" --pidfile "$dir/kit.pid" --exportname disk file "$path" "${kit_cache[@]}"
+    qemu-nbd -f raw -k "$dir/qemu.sock" -x disk --persistent --fork -e 16 "${qemu_cache[@]}" \
+      --pid-file "$dir/qemu.pid" "$path"
+    uri_ts="nbd+unix:///disk?socket=$dir/ts.sock"
+    uri_kit="nbd+unix:///disk?socket=$dir/kit.sock"
+    uri_qemu="nbd+unix:///disk?socket=$dir/qemu.sock"
+    wait_for "$dir/ts.sock"
+  else
+    "$ts_bin" serve --listen "127.0.0.1:$p1" --export disk "${direct_ts[@]}" "$path" \
+      >"$dir/serve.out" 2>&1 &
+    pid_ts=$!
+    nbdkit --ipaddr 127.0.0.1 --port "$p2" --pidfile "$dir/kit.pid" --exportname disk file "$path" "${kit_cache[@]}"
+    qemu-nbd -f raw -b 127.0.0.1 -p "$p3" -x disk --persistent --fork -e 16 "${qemu_cache[@]}" \
+      --pid-file "$dir/qemu.pid" "$path"
+    uri_ts="nbd://127.0.0.1:$p1/disk"
+    uri_kit="nbd://127.0.0.1:$p2/disk"
+    uri_qemu="nbd://127.0.0.1:$p3/disk"
+    for _ in $(seq 100); do grep -q "listening\|serving" "$dir/serve.out" 2>/dev/null && break; sleep 0.1; done
+    sleep 0.3
+  fi
+  wait_for "$dir/kit.pid"
+  wait_for "$dir/qemu.pid"
+  pid_kit=$(cat "$dir/kit.pid") pid_qemu=$(cat "$dir/qemu.pid")
+  servers=("$pid_ts" "$pid_kit" "$pid_qemu")
+}
+wait_for() { for _ in $(seq 100); do [[ -e $1 ]] && return; sleep 0.1; done; echo "$1 never appeared"; exit 1; }
+stop() { stop_servers; rm -f "$dir"/*.sock "$dir"/*.pid; }
+
+# A process's user + system CPU seconds so far.
+cpu() { $py -c 'import os,sys; f=open(f"/proc/{sys.argv[1]}/stat").read().rsplit(")",1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf("SC_CLK_TCK"))' "$1"; }
+
+# fio, one workload against one server: prints "IOPS GiB-moved".
+fio_run() { # uri rw bs depth jobs [extra...]
+  local uri=$1 rw=$2 bs=$3 depth=$4 jobs=$5
+  shift 5
+  HOME=$dir/home fio --name=w --ioengine=nbd --uri="$uri" --rw="$rw" --rwmixread=50 --bs="$bs" \
+    --iodepth="$depth" --numjobs="$jobs" --group_reporting --time_based --runtime="$secs" \
+    --size=512M --output-format=json "$@" 2>/dev/null |
+    $py -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]), (j["read"]["io_bytes"]+j["write"]["io_bytes"])/2**30)'
+}
+# One run of a workload against a server: prints "IOPS CPU-s-per-GiB".
+measured() { # pid uri rw bs depth jobs
+  local pid=$1 before after out
+  shift
+  before=$(cpu "$pid")
+  out=$(fio_run "$@")
+  after=$(cpu "$pid")
+  $py -c 'import sys; i,g,b,a=sys.argv[1:]; g=float(g); print(i, round((float(a)-float(b))/g,3) if g>0 else "-")' $out "$before" "$after"
+}
+median() { $py -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:]))))' "$@"; }
+median3() { $py -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:])),3))' "$@"; }
+
+shape() { # workload -> rw bs depth
+  case $1 in
+    4k-randread) echo "randread 4k 32" ;;
+    4k-randwrite) echo "randwrite 4k 32" ;;
+    64k-randrw) echo "randrw 64k 16" ;;
+    1m-write) echo "write 1M 16" ;;
+    1m-read) echo "read 1M 16" ;;
+    *) echo "unknown workload $1" >&2; exit 2 ;;
+  esac
+}
+
+mkdir -p "$dir/home/.pki"
+cells=0 met=0 cpu_ok=0
+printf '%-7s %-5s %-4s %-13s %10s %10s %10s %7s   %s\n' device via jobs workload tagstripe nbdkit qemu-nbd ts/best "CPU s/GiB: ts kit qemu"
+for kind in $devices; do
+  for tr in $transports; do
+    start "$kind" "$tr"
+    for jobs in $jobs_list; do
+      for w in $workloads; do
+        read -r rw bs depth <<<"$(shape "$w")"
+        ts=() kit=() qn=() cts=() ckit=() cqn=()
+        for _ in $(seq "$runs"); do
+          read -r i c <<<"$(measured "$pid_ts" "$uri_ts" "$rw" "$bs" "$depth" "$jobs")"; ts+=("$i"); cts+=("$c")
+          read -r i c <<<"$(measured "$pid_kit" "$uri_kit" "$rw" "$bs" "$depth" "$jobs")"; kit+=("$i"); ckit+=("$c")
+          read -r i c <<<"$(measured "$pid_qemu" "$uri_qemu" "$rw" "$bs" "$depth" "$jobs")"; qn+=("$i"); cqn+=("$c")
+        done
+        a=$(median "${ts[@]}") b=$(median "${kit[@]}") c=$(median "${qn[@]}")
+        ca=$(median3 "${cts[@]}") cb=$(median3 "${ckit[@]}") cc=$(median3 "${cqn[@]}")
+        ratio=$($py -c "print(f'{$a/max($b,$c,1):.2f}')")
+        cells=$((cells + 1))
+        $py -c "import sys; sys.exit(0 if $a >= 1.2*max($b,$c) else 1)" && met=$((met + 1))
+        $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
+        printf '%-7s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc"
+      done
+    done
+    stop
+  done
+done
+echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells"
+
+[[ $tls == 1 ]] || exit 0
+# TLS: 1 MiB reads, 4 jobs x QD4, on the shm file over Unix sockets, tagstripe and nbdkit
+# (qemu-nbd left out: its TLS needs a TCP socket). Test certificates: a CA and a server
+# certificate for localhost (what nbds+unix checks); libnbd finds the CA in
+# $HOME/.pki/libnbd (fio's engine cannot pass tls-certificates).
 pki="$dir/pki"
 mkdir -p "$pki"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
@@ -33,60 +185,24 @@ openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localh
 printf 'subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/ext.cnf"
 openssl x509 -req -in "$pki/server.csr" -CA "$pki/ca-cert.pem" -CAkey "$pki/ca-key.pem" \
   -CAcreateserial -days 2 -extfile "$pki/ext.cnf" -out "$pki/server-cert.pem" 2>/dev/null
-
-./target/release/tagstripe serve --listen "unix:$dir/ts.sock" --export disk \
-  --tls on --tls-certificates "$pki" "$img" >"$dir/serve.out" 2>&1 &
-pids+=($!)
+ln -sfn "$pki" "$dir/home/.pki/libnbd"
+"$ts_bin" serve --listen "unix:$dir/ts.sock" --export disk --tls on --tls-certificates "$pki" \
+  "$img" >"$dir/serve.out" 2>&1 &
+pid_ts=$!
 nbdkit --unix "$dir/kit.sock" --pidfile "$dir/kit.pid" --exportname disk \
   --tls=on --tls-certificates="$pki" file "$img"
-qemu-nbd -f raw -k "$dir/qemu.sock" -x disk --persistent --fork -e 16 \
-  --pid-file "$dir/qemu.pid" "$img"
-for f in "$dir/ts.sock" "$dir/kit.pid" "$dir/qemu.pid"; do
-  for _ in $(seq 100); do [[ -e $f ]] && break; sleep 0.1; done
-done
-pids+=("$(cat "$dir/kit.pid")" "$(cat "$dir/qemu.pid")")
-
-uri() {
-  case $1 in
-    # libnbd finds the CA in $HOME/.pki/libnbd (fio's engine cannot pass tls-certificates).
-    *-tls) echo "nbds+unix:///disk?socket=$dir/${1%-tls}.sock" ;;
-    *) echo "nbd+unix:///disk?socket=$dir/$1.sock" ;;
-  esac
-}
-# fio, one workload against one server: prints IOPS (all jobs, reads and writes).
-mkdir -p "$dir/home/.pki"
-ln -s "$pki" "$dir/home/.pki/libnbd"
-run() { # server rw bs depth
-  HOME=$dir/home fio --name=w --ioengine=nbd --uri="$(uri "$1")" --rw="$2" --rwmixread=50 --bs="$3" \
-    --iodepth="$4" --numjobs=4 --group_reporting --time_based --runtime="$secs" \
-    --size=512M --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))'
-}
-median() { python3 -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:]))))' "$@"; }
-
-printf '%-30s %12s %12s %12s %8s\n' workload tagstripe nbdkit qemu-nbd ts/kit
-tls_rows=()
-for w in "4k-randrw-4x32 randrw 4k 32" "1m-seqread-4x4 read 1M 4"; do
-  set -- $w
-  name=$1 rw=$2 bs=$3 depth=$4
-  ts=() kit=() qn=()
+wait_for "$dir/ts.sock"
+wait_for "$dir/kit.pid"
+pid_kit=$(cat "$dir/kit.pid")
+servers=("$pid_ts" "$pid_kit")
+for mode in plain tls; do
+  s=nbd; [[ $mode == tls ]] && s=nbds
+  ts=() kit=()
   for _ in $(seq "$runs"); do
-    ts+=("$(run ts "$rw" "$bs" "$depth")")
-    kit+=("$(run kit "$rw" "$bs" "$depth")")
-    qn+=("$(run qemu "$rw" "$bs" "$depth")")
+    read -r i _ <<<"$(fio_run "$s+unix:///disk?socket=$dir/ts.sock" read 1M 4 4)"; ts+=("$i")
+    read -r i _ <<<"$(fio_run "$s+unix:///disk?socket=$dir/kit.sock" read 1M 4 4)"; kit+=("$i")
   done
-  a=$(median "${ts[@]}") b=$(median "${kit[@]}") c=$(median "${qn[@]}")
-  printf '%-30s %12s %12s %12s %8s\n' "$name (IOPS)" "$a" "$b" "$c" \
-    "$(python3 -c "print(f'{$a/$b:.2f}x')")"
+  a=$(median "${ts[@]}") b=$(median "${kit[@]}")
+  printf '1 MiB reads, 4 jobs x QD4, %-5s tagstripe %6s  nbdkit %6s  %sx\n' "$mode:" "$a" "$b" \
+    "$($py -c "print(f'{$a/$b:.2f}')")"
 done
-# TLS: the 1 MiB reads again, through TLS (qemu-nbd left out: its TLS needs a TCP socket).
-plain_ts=$a plain_kit=$b
-ts=() kit=()
-for _ in $(seq "$runs"); do
-  ts+=("$(run ts-tls read 1M 4)")
-  kit+=("$(run kit-tls read 1M 4)")
-done
-a=$(median "${ts[@]}") b=$(median "${kit[@]}")
-printf '%-30s %12s %12s %12s %8s\n' "1m-seqread-4x4 TLS (IOPS)" "$a" "$b" "-" \
-  "$(python3 -c "print(f'{$a/$b:.2f}x')")"
-python3 -c "print(f'TLS keeps {$a/$plain_ts:.0%} of tagstripe\'s plain 1 MiB reads, {$b/$plain_kit:.0%} of nbdkit\'s')"

@@ -148,3 +148,70 @@ fn volume_striped_over_loop_devices() {
         assert_eq!(raw[at..at + 512], data[data.len() - 512..]);
     });
 }
+
+/// io_uring over a loop device through its page cache: writes are `pwrite`s (on the calling
+/// thread, or on the blocking pool after one waited), reads try the page cache at once and
+/// else the ring. What was written reads back through the device, and after a flush through
+/// O_DIRECT too (it reached the device, not only the page cache).
+#[cfg(feature = "uring")]
+#[test]
+fn uring_buffered_block_device_writes_reach_the_device() {
+    need_loop!();
+    let lo = make_loop("ubuf", 16, 512).expect("loop device");
+    rt().block_on(async {
+        let d = match tagstripe::UringDevice::open(&lo.dev, FileOptions::default(), true, 32) {
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                eprintln!("io_uring not checked: {e}");
+                return;
+            }
+        };
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let d = Arc::clone(&d);
+            tasks.push(tokio::spawn(async move {
+                let data = Bytes::from(vec![i as u8 + 1; 4096]);
+                d.write(i * 8, data, IoOpts::new()).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let parts: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![0xA0 + i; 512])).collect();
+        d.write_vectored(1000, parts.clone(), IoOpts::new().fua(true))
+            .await
+            .unwrap();
+        for i in 0..64u64 {
+            let got = d.read(i * 8, 8, IoOpts::new()).await.unwrap();
+            assert!(got.iter().all(|&b| b == i as u8 + 1), "block {i}");
+        }
+        d.flush(IoOpts::new()).await.unwrap();
+        let direct = FileDevice::open_block(
+            &lo.dev,
+            FileOptions {
+                direct: true,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        for i in [0u64, 31, 63] {
+            let got = direct.read(i * 8, 8, IoOpts::new()).await.unwrap();
+            assert!(
+                got.iter().all(|&b| b == i as u8 + 1),
+                "block {i} on the device"
+            );
+        }
+        let want: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        assert_eq!(
+            &direct.read(1000, 4, IoOpts::new()).await.unwrap()[..],
+            &want[..]
+        );
+        // Past the end: refused before the kernel sees it.
+        let end = d.info().sectors;
+        assert!(
+            d.write(end, Bytes::from(vec![0u8; 512]), IoOpts::new())
+                .await
+                .is_err()
+        );
+    });
+}
