@@ -6,8 +6,10 @@
 #   shm     a 512 MiB file in /dev/shm, each server as it opens a file by default;
 #   loop    a 2 GiB loop device (backing file on /var/tmp, --direct-io=on) through the page
 #           cache, each server's default;
-#   direct  the loop device with O_DIRECT: `serve --direct`, `qemu-nbd --cache=none
-#           --aio=io_uring`, nbdkit's file plugin with cache=none (it has no O_DIRECT).
+#   direct  the loop device with O_DIRECT: `serve --direct` against `qemu-nbd --cache=none
+#           --aio=io_uring` (the ratio is against qemu-nbd alone: nbdkit's file plugin has
+#           no O_DIRECT; its figure, with cache=none, is through the page cache).
+# The loop device's page cache is read through before its rows (a server of cached data).
 # Transports ($TRANSPORTS, default "unix tcp"): a Unix socket, TCP on loopback.
 # Jobs ($JOBS, default "1 4"): fio jobs, each its own connection.
 # Workloads ($WORKLOADS): 4k-randread, 4k-randwrite (QD32), 64k-randrw (50/50, QD16),
@@ -69,7 +71,8 @@ start() { # kind transport
   local kind=$1 tr=$2 path direct_ts=() kit_cache=() qemu_cache=()
   case $kind in
     shm) path=$img ;;
-    loop) path=$loopdev ;;
+    loop) path=$loopdev
+      dd if="$loopdev" of=/dev/null bs=1M status=none ;;
     direct) path=$loopdev; direct_ts=(--direct); kit_cache=(cache=none)
       qemu_cache=(--cache=none --aio=io_uring) ;;
   esac
@@ -159,9 +162,11 @@ for kind in $devices; do
         done
         a=$(median "${ts[@]}") b=$(median "${kit[@]}") c=$(median "${qn[@]}")
         ca=$(median3 "${cts[@]}") cb=$(median3 "${ckit[@]}") cc=$(median3 "${cqn[@]}")
-        ratio=$($py -c "print(f'{$a/max($b,$c,1):.2f}')")
+        best=$b
+        [[ $kind == direct || $c -gt $b ]] && best=$c
+        ratio=$($py -c "print(f'{$a/max($best,1):.2f}')")
         cells=$((cells + 1))
-        $py -c "import sys; sys.exit(0 if $a >= 1.2*max($b,$c) else 1)" && met=$((met + 1))
+        $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && met=$((met + 1))
         $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
         printf '%-7s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc"
       done

@@ -93,7 +93,7 @@ impl ServerSession {
                 let step = u64::from(self.config.max_request);
                 let piece = step.min(left);
                 if (self.input.len() as u64) < piece {
-                    self.input.reserve(piece as usize - self.input.len());
+                    self.make_room_aligned(piece as usize);
                     self.payload = Some(Payload::Write { req, at, left });
                     return Ok(false);
                 }
@@ -121,6 +121,23 @@ impl ServerSession {
                 Ok(true)
             }
         }
+    }
+
+    /// Makes room in the input buffer for a payload piece of `piece` bytes of which some
+    /// have arrived, in a buffer that starts the payload on a [`PAYLOAD_ALIGN`] boundary: a
+    /// device opened `O_DIRECT` then writes the piece as it is (no aligned copy of all of
+    /// it per write). The bytes already here are copied once (growing a buffer copies them
+    /// too).
+    fn make_room_aligned(&mut self, piece: usize) {
+        if self.input.capacity() >= piece && self.input.as_ptr() as usize % PAYLOAD_ALIGN == 0 {
+            return;
+        }
+        let mut fresh = BytesMut::with_capacity(piece + PAYLOAD_ALIGN);
+        let gap = (PAYLOAD_ALIGN - fresh.as_ptr() as usize % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
+        fresh.resize(gap, 0);
+        fresh.advance(gap);
+        fresh.extend_from_slice(&self.input);
+        self.input = fresh;
     }
 
     /// Validates one request and turns it into ops (or answers it at once): the checks
