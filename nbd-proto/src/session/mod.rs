@@ -383,6 +383,10 @@ struct Pending {
 /// Where a large write's payload starts in memory: a page, the alignment `O_DIRECT` asks of
 /// every device here.
 pub(crate) const PAYLOAD_ALIGN: usize = 4096;
+/// The smallest write payload piece received aligned.
+pub(crate) const ALIGN_FROM: usize = 32 << 10;
+/// Room the input buffer has for reads (and keeps beyond a large payload).
+pub(crate) const INPUT_ROOM: usize = 64 << 10;
 
 /// Bytes being received for a request: a write's payload, or payload to throw away.
 #[derive(Debug)]
@@ -458,7 +462,7 @@ impl ServerSession {
             catalog,
             config,
             phase: Phase::Hello,
-            input: BytesMut::with_capacity(64 << 10),
+            input: BytesMut::with_capacity(INPUT_ROOM),
             output: VecDeque::new(),
             small: Vec::new(),
             out_budget: VecDeque::new(),

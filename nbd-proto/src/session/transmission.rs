@@ -128,11 +128,18 @@ impl ServerSession {
     /// device opened `O_DIRECT` then writes the piece as it is (no aligned copy of all of
     /// it per write). The bytes already here are copied once (growing a buffer copies them
     /// too).
+    ///
+    /// Only for pieces of [`ALIGN_FROM`] bytes or more: a small one is left where it is (a
+    /// new buffer for each would also shrink the room the next reads have: 4 KiB random
+    /// writes over a Unix socket fell from 177 k/s to 106 k/s), and the new buffer keeps
+    /// the usual room beyond the piece for what follows it.
     fn make_room_aligned(&mut self, piece: usize) {
-        if self.input.capacity() >= piece && self.input.as_ptr() as usize % PAYLOAD_ALIGN == 0 {
+        let aligned = self.input.as_ptr() as usize % PAYLOAD_ALIGN == 0;
+        if piece < ALIGN_FROM || (aligned && self.input.capacity() >= piece) {
+            self.input.reserve(piece.saturating_sub(self.input.len()));
             return;
         }
-        let mut fresh = BytesMut::with_capacity(piece + PAYLOAD_ALIGN);
+        let mut fresh = BytesMut::with_capacity(piece + PAYLOAD_ALIGN + INPUT_ROOM);
         let gap = (PAYLOAD_ALIGN - fresh.as_ptr() as usize % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
         fresh.resize(gap, 0);
         fresh.advance(gap);
