@@ -843,3 +843,60 @@ async fn a_stopped_rebuild_is_taken_up_where_it_stopped_at_the_next_assembly() {
         );
     }
 }
+
+/// A whole-stripe write (its parity computed and written by another worker while the data
+/// goes out) after partial writes that left the row in the stripe cache: the cache must not
+/// keep the old row, or the next partial write's parity is computed from stale data. Then a
+/// member (data or parity) failing under a whole-stripe write: it is failed, the write
+/// succeeds, and every byte reads back degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_stripe_writes_forget_the_cached_row_and_survive_a_member_failing() {
+    use tagstripe::{Fault, FaultDevice, FaultKind, FaultOp};
+    for (kind, disks) in [
+        (Kind::Parity(5, ParityLayout::LeftSymmetric), 4),
+        (Kind::Parity(6, ParityLayout::LeftSymmetric), 6),
+    ] {
+        let stripe = stripe_sectors(&kind, disks);
+        for victim in 0..disks {
+            let m = members(disks);
+            let faulty: Vec<Arc<FaultDevice<Arc<MemDevice>>>> = m
+                .iter()
+                .map(|d| Arc::new(FaultDevice::new(Arc::clone(d))))
+                .collect();
+            let a = array(
+                &kind,
+                disks,
+                faulty
+                    .iter()
+                    .map(|d| Arc::clone(d) as Arc<dyn DynBlockDevice>)
+                    .collect(),
+            );
+            let total = a.info().sectors;
+            let mut model = vec![0u8; (total * 512) as usize];
+            let mut put = async |at: u64, sectors: u64, fill: u8, model: &mut Vec<u8>| {
+                let data: Vec<u8> = (0..sectors * 512)
+                    .map(|i| fill ^ (i as u8).wrapping_mul(7))
+                    .collect();
+                a.write(at, Bytes::from(data.clone()), IoOpts::new())
+                    .await
+                    .unwrap();
+                model[(at * 512) as usize..((at + sectors) * 512) as usize].copy_from_slice(&data);
+            };
+            // Stripe 1: a chunk (the row read and cached), the whole stripe, then a chunk
+            // again (from the cache, if it kept the row).
+            put(stripe, CHUNK, 1, &mut model).await;
+            put(stripe, stripe, 2, &mut model).await;
+            put(stripe + CHUNK, CHUNK, 3, &mut model).await;
+            // Stripe 2: the victim fails under a whole-stripe write.
+            faulty[victim].inject(Fault::always(FaultOp::Write, FaultKind::Error));
+            put(2 * stripe, stripe, 4, &mut model).await;
+            assert_eq!(a.failed(), vec![victim], "{kind:?}: member {victim} failed");
+            verify(&a, &model, &format!("{kind:?} without {victim}")).await;
+            // And the same bytes from a fresh assembly with the victim left out, which reads
+            // stripe 1 through its parity wherever the victim held data.
+            let d = array(&kind, disks, erased(&m));
+            d.fail(victim);
+            verify(&d, &model, &format!("{kind:?} assembled without {victim}")).await;
+        }
+    }
+}
