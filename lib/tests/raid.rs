@@ -873,7 +873,7 @@ async fn whole_stripe_writes_forget_the_cached_row_and_survive_a_member_failing(
             );
             let total = a.info().sectors;
             let mut model = vec![0u8; (total * 512) as usize];
-            let mut put = async |at: u64, sectors: u64, fill: u8, model: &mut Vec<u8>| {
+            let put = async |at: u64, sectors: u64, fill: u8, model: &mut Vec<u8>| {
                 let data: Vec<u8> = (0..sectors * 512)
                     .map(|i| fill ^ (i as u8).wrapping_mul(7))
                     .collect();

@@ -166,3 +166,54 @@ async fn requests_cancelled_while_waiting_or_at_the_device_give_their_slots_back
         "{n} reads in 2 s at a limit of 1000/s"
     );
 }
+
+/// Each tenant's figures: reads, writes and bytes counted to the tenant that sent them,
+/// failures as errors, latency from submission (the wait for a limit included), nothing
+/// left in flight after, and a request given up while it waited not counted at all.
+#[tokio::test(start_paused = true)]
+async fn each_tenant_counts_its_own_requests_and_failures() {
+    use bytes::Bytes;
+    use tagstripe::{Fault, FaultDevice, FaultKind, FaultOp, MemDevice};
+    let dev = FaultDevice::new(MemDevice::new("mem", 1 << 16));
+    // Writes at sector 1000 and beyond fail.
+    dev.inject(Fault {
+        sectors: Some((1000, 1 << 16)),
+        ..Fault::always(FaultOp::Write, FaultKind::Error)
+    });
+    let t = Tenants::new(dev);
+    let a = t.add("a", TenantSpec::new()).unwrap();
+    let b = t.add("b", TenantSpec::new().limit_iops(100.0)).unwrap();
+    for i in 0..10u64 {
+        a.write(i * 8, Bytes::from(vec![1u8; 4096]), IoOpts::new())
+            .await
+            .unwrap();
+    }
+    assert!(
+        a.write(1000, Bytes::from(vec![1u8; 512]), IoOpts::new())
+            .await
+            .is_err()
+    );
+    // b's ten reads at 100 a second: the last waits about 90 ms for its limit.
+    for i in 0..10u64 {
+        b.read(i * 8, 16, IoOpts::new()).await.unwrap();
+    }
+    // One of b's given up while its limit holds it.
+    let gave_up = tokio::time::timeout(Duration::from_micros(10), b.read(0, 8, IoOpts::new()));
+    assert!(gave_up.await.is_err(), "the limit held it");
+    let s = t.stats();
+    let (sa, sb) = (&s[0], &s[1]);
+    assert_eq!((sa.name.as_str(), sb.name.as_str()), ("a", "b"));
+    assert_eq!(
+        (sa.io.writes, sa.io.bytes_written, sa.io.errors, sa.io.reads),
+        (10, 40960, 1, 0)
+    );
+    assert_eq!(
+        (sb.io.reads, sb.io.bytes_read, sb.io.errors, sb.io.writes),
+        (10, 81920, 0, 0)
+    );
+    assert_eq!((sa.io.in_flight, sb.io.in_flight), (0, 0));
+    // A's writes did not wait (memory, no limit); b's slowest waited for its limit.
+    let p99 = |io: &tagstripe::StatsSnapshot| io.latency_percentile(99.0).unwrap();
+    assert!(p99(&sa.io) < Duration::from_millis(1), "{:?}", sa.io);
+    assert!(p99(&sb.io) >= Duration::from_millis(5), "{:?}", sb.io);
+}

@@ -20,8 +20,8 @@ use tagstripe_scheduler::{Idle, IoClass, Nanos, TenantCounters, TenantId, Tenant
 pub use tagstripe_scheduler::{TenantError, TenantSpec};
 use tokio::sync::oneshot;
 
-use crate::stats::OpKind;
-use crate::{BlockDevice, DeviceInfo, Error, Extent, IoOpts, Result, Stats, StatsSnapshot, Zeroes};
+use crate::stats::{OpKind, Tally};
+use crate::{BlockDevice, DeviceInfo, Error, Extent, IoOpts, Result, StatsSnapshot, Zeroes};
 
 /// The first depth, before any completion was measured.
 const START_DEPTH: usize = 8;
@@ -122,6 +122,8 @@ struct State<D: BlockDevice + 'static> {
     last_sent: Vec<Option<Nanos>>,
     /// Each tenant's requests waiting here or at the device.
     outstanding: Vec<usize>,
+    /// Each tenant's counters, kept under this lock (taken anyway when a request ends).
+    tallies: Vec<Tally>,
 }
 
 impl<D: BlockDevice + 'static> State<D> {
@@ -139,7 +141,12 @@ impl<D: BlockDevice + 'static> State<D> {
     /// How many requests may be at the device now: every tag while one tenant is busy
     /// alone, else the adaptive depth.
     fn cap(&self, now: Nanos) -> usize {
-        if self.alone(now) {
+        self.cap_if(self.alone(now))
+    }
+
+    /// [`cap`](Self::cap) with [`alone`](Self::alone) known.
+    fn cap_if(&self, alone: bool) -> usize {
+        if alone {
             self.depth.max
         } else {
             self.depth.cur
@@ -159,7 +166,8 @@ struct Shared<D: BlockDevice + 'static> {
     dev: D,
     epoch: Instant,
     state: Mutex<State<D>>,
-    tenants: Mutex<Vec<(String, Arc<Stats>)>>,
+    /// The tenants' names, in the order they were added (a tenant's id is its index).
+    tenants: Mutex<Vec<String>>,
 }
 
 /// A device (or volume) shared by tenants, each owed a reservation, a share by weight and
@@ -227,6 +235,7 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                     timer: None,
                     last_sent: Vec::new(),
                     outstanding: Vec::new(),
+                    tallies: Vec::new(),
                 }),
                 tenants: Mutex::new(Vec::new()),
             }),
@@ -243,7 +252,7 @@ impl<D: BlockDevice + 'static> Tenants<D> {
             what: e.to_string(),
         };
         let mut names = self.shared.tenants.lock();
-        if names.iter().any(|(n, _)| n == name) {
+        if names.iter().any(|n| n == name) {
             return Err(Error::Tenant {
                 tenant: name.to_owned(),
                 what: "a tenant of that name exists already".into(),
@@ -254,17 +263,16 @@ impl<D: BlockDevice + 'static> Tenants<D> {
             let id = st.sched.add(spec).map_err(bad)?;
             st.last_sent.push(None);
             st.outstanding.push(0);
+            st.tallies.push(Tally::default());
             id
         };
-        let stats = Arc::new(Stats::default());
-        names.push((name.to_owned(), Arc::clone(&stats)));
+        names.push(name.to_owned());
         let mut info = self.shared.dev.info().clone();
         info.name = format!("{}:{name}", info.name);
         Ok(Tenant {
             shared: Arc::clone(&self.shared),
             id,
             info,
-            stats,
         })
     }
 
@@ -288,7 +296,7 @@ impl<D: BlockDevice + 'static> Tenants<D> {
             .tenants
             .lock()
             .iter()
-            .position(|(n, _)| n == name)
+            .position(|n| n == name)
             .map(TenantId)
             .ok_or_else(|| Error::Tenant {
                 tenant: name.to_owned(),
@@ -304,10 +312,13 @@ impl<D: BlockDevice + 'static> Tenants<D> {
         names
             .iter()
             .enumerate()
-            .map(|(i, (name, stats))| TenantStats {
+            .map(|(i, name)| TenantStats {
                 name: name.clone(),
                 spec: st.sched.spec(TenantId(i)).unwrap_or_default(),
-                io: stats.snapshot(),
+                io: st.tallies.get(i).map_or_else(
+                    || Tally::default().snapshot(0),
+                    |t| t.snapshot(st.outstanding.get(i).map_or(0, |&n| n as u64)),
+                ),
                 served: st.sched.counters(TenantId(i)).unwrap_or_default(),
             })
             .collect()
@@ -339,29 +350,33 @@ impl<D: BlockDevice + 'static> Shared<D> {
     /// Lets requests through while the depth allows; sets a wake-up when limits hold every
     /// waiting tenant back.
     fn pump(self: &Arc<Self>, st: &mut State<D>) {
-        self.pump_at(st, self.now());
+        let now = self.now();
+        let cap = st.cap(now);
+        self.pump_at(st, now, cap);
     }
 
-    /// [`pump`](Self::pump) at `now`.
-    fn pump_at(self: &Arc<Self>, st: &mut State<D>, now: Nanos) {
-        let cap = st.cap(now);
+    /// The scheduler chose request `req` of `tenant`: its slot goes to its waiter.
+    fn deliver(self: &Arc<Self>, st: &mut State<D>, tenant: TenantId, req: u64) {
+        if let Some(tx) = st.waiters.remove(&req) {
+            st.in_flight += 1;
+            let slot = Admitted {
+                shared: Some(Arc::clone(self)),
+                tenant,
+            };
+            if let Err(mut slot) = tx.send(slot) {
+                // Cancelled while it waited: the slot goes back at once.
+                slot.shared = None;
+                st.in_flight -= 1;
+                st.finished(tenant);
+            }
+        }
+    }
+
+    /// [`pump`](Self::pump) at `now`, with up to `cap` requests at the device.
+    fn pump_at(self: &Arc<Self>, st: &mut State<D>, now: Nanos, cap: usize) {
         while st.in_flight < cap {
             match st.sched.next(now) {
-                Ok(d) => {
-                    if let Some(tx) = st.waiters.remove(&d.req) {
-                        st.in_flight += 1;
-                        let slot = Admitted {
-                            shared: Some(Arc::clone(self)),
-                            tenant: d.tenant,
-                        };
-                        if let Err(mut slot) = tx.send(slot) {
-                            // Cancelled while it waited: the slot goes back at once.
-                            slot.shared = None;
-                            st.in_flight -= 1;
-                            st.finished(d.tenant);
-                        }
-                    }
-                }
+                Ok(d) => self.deliver(st, d.tenant, d.req),
                 Err(Idle::Empty) => break,
                 Err(Idle::Until(t)) => {
                     if st.timer.is_none_or(|at| at > t) {
@@ -388,18 +403,26 @@ impl<D: BlockDevice + 'static> Shared<D> {
         }
     }
 
-    fn done(self: &Arc<Self>, tenant: TenantId) {
+    /// One of `tenant`'s requests left the device; `ended`: how it went, counted in the
+    /// tenant's figures (none for a request whose caller gave up).
+    fn done(self: &Arc<Self>, tenant: TenantId, ended: Option<Ended>) {
         let mut st = self.state.lock();
+        let now = self.now();
         st.in_flight = st.in_flight.saturating_sub(1);
         st.finished(tenant);
-        let now = self.now();
-        if st.alone(now) {
+        if let (Some(e), Some(t)) = (ended, st.tallies.get_mut(tenant.0)) {
+            let latency = now.saturating_sub(self.at(e.t0));
+            t.record(e.op, e.class, e.bytes, latency, e.ok);
+        }
+        let alone = st.alone(now);
+        if alone {
             // The depth is climbed only where it is used: with tenants sharing.
             st.depth.restart();
         } else {
             st.depth.completed();
         }
-        self.pump_at(&mut st, now);
+        let cap = st.cap_if(alone);
+        self.pump_at(&mut st, now, cap);
     }
 }
 
@@ -420,18 +443,38 @@ impl<D: BlockDevice + 'static> Drop for Waiting<'_, D> {
     }
 }
 
-/// A request's slot at the device: dropped (the request done, failed or cancelled, even
-/// before it saw the slot), it frees the slot.
+/// How a request ended, for its tenant's figures.
+#[derive(Clone, Copy, Debug)]
+struct Ended {
+    op: OpKind,
+    class: IoClass,
+    bytes: u64,
+    ok: bool,
+    /// When it was submitted (its latency includes its wait here).
+    t0: Instant,
+}
+
+/// A request's slot at the device: [`finish`](Self::finish)ed, or dropped (the request
+/// cancelled, even before it saw the slot), it frees the slot.
 #[derive(Debug)]
 struct Admitted<D: BlockDevice + 'static> {
     shared: Option<Arc<Shared<D>>>,
     tenant: TenantId,
 }
 
+impl<D: BlockDevice + 'static> Admitted<D> {
+    /// The request is done: the slot freed and how it went counted.
+    fn finish(mut self, ended: Ended) {
+        if let Some(s) = self.shared.take() {
+            s.done(self.tenant, Some(ended));
+        }
+    }
+}
+
 impl<D: BlockDevice + 'static> Drop for Admitted<D> {
     fn drop(&mut self) {
         if let Some(s) = self.shared.take() {
-            s.done(self.tenant);
+            s.done(self.tenant, None);
         }
     }
 }
@@ -444,7 +487,6 @@ pub struct Tenant<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
     id: TenantId,
     info: DeviceInfo,
-    stats: Arc<Stats>,
 }
 
 impl<D: BlockDevice + 'static> Tenant<D> {
@@ -468,7 +510,8 @@ impl<D: BlockDevice + 'static> Tenant<D> {
             }
             // Nothing else waits and there is room: through at once (the scheduler still
             // tags and counts it), without a hand-off.
-            if st.sched.len() == 1 && st.in_flight < st.cap(now) {
+            let cap = st.cap(now);
+            if st.sched.len() == 1 && st.in_flight < cap {
                 match st.sched.next(now) {
                     Ok(d) if d.req == ticket => {
                         st.in_flight += 1;
@@ -480,13 +523,16 @@ impl<D: BlockDevice + 'static> Tenant<D> {
                             tenant: self.id,
                         });
                     }
+                    // Another's (none should wait when this one is alone, but if one
+                    // did it has a waiter): it gets its slot.
+                    Ok(d) => self.shared.deliver(&mut st, d.tenant, d.req),
                     // Held by its limit: it waits below, the pump sets the wake-up.
-                    _ => {}
+                    Err(_) => {}
                 }
             }
             let (tx, rx) = oneshot::channel();
             st.waiters.insert(ticket, tx);
-            self.shared.pump(&mut st);
+            self.shared.pump_at(&mut st, now, cap);
             (rx, ticket)
         };
         // Given up while waiting (the caller's future dropped): out of the scheduler, so it
@@ -512,11 +558,15 @@ impl<D: BlockDevice + 'static> Tenant<D> {
         io: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let t0 = Instant::now();
-        let fl = self.stats.begin();
         let admitted = self.admit(bytes, opts.class, t0).await?;
         let r = io.await;
-        drop(admitted);
-        fl.end(op, opts.class, bytes, t0.elapsed(), r.is_ok());
+        admitted.finish(Ended {
+            op,
+            class: opts.class,
+            bytes,
+            ok: r.is_ok(),
+            t0,
+        });
         r
     }
 }
