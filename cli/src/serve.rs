@@ -688,8 +688,10 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
         server,
     } = a;
     let started = std::time::Instant::now();
-    if let Some(t) = &tenants {
-        let t = t.clone();
+    {
+        // SIGUSR1: the figures so far (each tenant's, then the server's), with or without
+        // tenants (its default action would stop the server).
+        let (t, srv) = (tenants.clone(), Arc::clone(&server));
         tokio::spawn(async move {
             let Ok(mut usr1) =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
@@ -697,9 +699,12 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
                 return;
             };
             while usr1.recv().await.is_some() {
-                for l in crate::tenants::report(&t, started.elapsed().as_secs_f64()) {
-                    eprintln!("tagstripe serve: {l}");
+                if let Some(t) = &t {
+                    for l in crate::tenants::report(t, started.elapsed().as_secs_f64()) {
+                        eprintln!("tagstripe serve: {l}");
+                    }
                 }
+                eprintln!("tagstripe serve: so far: {}", counters_line(&srv));
             }
         });
     }
@@ -835,16 +840,25 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
             eprintln!("tagstripe serve: {l}");
         }
     }
-    let c = server.counters();
     eprintln!(
-        "tagstripe serve: stopped, flushed; {} connections, {} requests ({} failed), {} bytes read, {} bytes written",
-        c.connections.load(std::sync::atomic::Ordering::Relaxed),
-        c.requests.load(std::sync::atomic::Ordering::Relaxed),
-        c.error_replies.load(std::sync::atomic::Ordering::Relaxed),
-        c.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
-        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed),
+        "tagstripe serve: stopped, flushed; {}",
+        counters_line(&server)
     );
     code
+}
+
+/// The server's counters in one line: connections, requests, failures, bytes.
+fn counters_line(server: &NbdServer) -> String {
+    let c = server.counters();
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written",
+        get(&c.connections),
+        get(&c.requests),
+        get(&c.error_replies),
+        get(&c.bytes_read),
+        get(&c.bytes_written),
+    )
 }
 
 /// Where the server listens: TCP, a Unix socket (removed when the server stops), one

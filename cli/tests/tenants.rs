@@ -106,6 +106,29 @@ fn a_tenant_export_serves_the_volume_and_reports_its_figures() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Without tenants SIGUSR1 is not fatal (its default action): the server says its figures
+/// so far and goes on serving.
+#[test]
+fn sigusr1_without_tenants_reports_and_serving_goes_on() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = scratch("usr1-plain");
+    let disk = blank(&dir, "disk.img", 4 << 20);
+    let mut s = Serve::start(&[disk.to_str().unwrap()]);
+    qemu_io(&s.url, &["write -P 0x5a 0 64k".into()]);
+    Command::new("kill")
+        .args(["-USR1", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    let line = s.wait_err("so far:");
+    assert!(line.contains("bytes written"), "{line}");
+    qemu_io(&s.url, &["read -P 0x5a 0 64k".into()]);
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `bench tenants --sim --json` on the disk models: the same seed gives the same report
 /// (a paused clock), and the story's goals are met: the database alone as a tenant at 0.9x
 /// or more of no tenants, the backup alone at its limit, the database and the backup split
