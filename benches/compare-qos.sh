@@ -85,7 +85,9 @@ echo "== the same 50 MB/s limit on one loop device: tagstripe vs blk-throttle"
 if [ "$(id -u)" != 0 ]; then
   echo "not root: no loop device, no blk-throttle (run as root for this part)"; exit 0
 fi
-truncate -s 1G "$dir/loop.img"
+# Written whole, not sparse: reads of a hole never reach the disk (a reader over holes
+# measures nothing, and one "alone" before a writer has filled them looks 10x faster).
+dd if=/dev/zero of="$dir/loop.img" bs=1M count=1024 oflag=direct status=none
 loopdev=$(losetup --find --show --direct-io=on "$dir/loop.img")
 kill "${pids[1]}"; wait "${pids[1]}" 2>/dev/null || true
 "$bin" serve --listen "unix:$dir/ts.sock" --export plain --tenant capped:limit-mbs=50 \
@@ -130,6 +132,29 @@ serve_on() {
   pids+=($!)
   for _ in $(seq 50); do [ -S "$dir/ts.sock" ] && break; sleep 0.1; done
 }
+# The kernel on the same device, fio (libaio, O_DIRECT) as readers and writer, under each of
+# its schedulers this kernel has (set, then read back: said when it did not take).
+kreaders() {
+  fio --name=r --ioengine=libaio --direct=1 --filename="$loopdev" --rw=randread --bs=4k \
+    --iodepth=1 --numjobs=4 --group_reporting --rate_iops=200 --rate_process=poisson \
+    --size=1G --time_based --ramp_time=2 --runtime="$secs" --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["read"]
+print(round(j["clat_ns"]["percentile"]["99.000000"]/1e6, 3))'
+}
+sched=/sys/block/$(basename "$loopdev")/queue/scheduler
+for s in none mq-deadline kyber; do
+  if ! echo "$s" >"$sched" 2>/dev/null || ! grep -q "\[$s\]" "$sched"; then
+    echo "kernel, $s: not available here ($(cat "$sched"))"; continue
+  fi
+  ka=$(kreaders)
+  job "dev:$loopdev" write 1M 16 >"$dir/w" &
+  wp=$!
+  kw=$(kreaders)
+  wait "$wp" || true
+  read -r kmb _ <"$dir/w" || kmb=0
+  python3 -c 'import sys; a,w,m=map(float,sys.argv[1:]); print(f"kernel, '"$s"', fio alone on the device: readers p99 alone {a} ms, beside the writer {w} ms = {w/a:.2f}x; writer {m} MB/s")' "$ka" "$kw" "$kmb"
+done
+echo none >"$sched" 2>/dev/null || true
 for round in 1 2 3; do
   serve_on --tenant vm:class=interactive --tenant backup:class=bulk
   read -r _ alone < <(readers vm)
