@@ -117,8 +117,13 @@ echo "== several interactive readers beside a bulk writer, on the loop device th
 # QD16) on a tenant in the bulk class. Goals (issue 34): the readers' p99 <= 4x theirs
 # alone, and the writer >= 0.75x of what it writes with fairness off (both on one
 # untenanted export, every request best-effort).
+# The readers on export $1, or on the device itself for $1 = dev (fio's libaio, O_DIRECT);
+# prints "IOPS p99-ms".
 readers() {
-  fio --name=r --ioengine=nbd --uri="nbd+unix:///$1?socket=$dir/ts.sock" --rw=randread --bs=4k \
+  local how="--ioengine=nbd --uri=nbd+unix:///$1?socket=$dir/ts.sock"
+  [ "$1" = dev ] && how="--ioengine=libaio --direct=1 --filename=$loopdev"
+  # shellcheck disable=SC2086
+  fio --name=r $how --rw=randread --bs=4k \
     --iodepth=1 --numjobs=4 --group_reporting --rate_iops=200 --rate_process=poisson \
     --size=1G --time_based --ramp_time=2 --runtime="$secs" --output-format=json 2>/dev/null |
     python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["read"]
@@ -134,22 +139,15 @@ serve_on() {
 }
 # The kernel on the same device, fio (libaio, O_DIRECT) as readers and writer, under each of
 # its schedulers this kernel has (set, then read back: said when it did not take).
-kreaders() {
-  fio --name=r --ioengine=libaio --direct=1 --filename="$loopdev" --rw=randread --bs=4k \
-    --iodepth=1 --numjobs=4 --group_reporting --rate_iops=200 --rate_process=poisson \
-    --size=1G --time_based --ramp_time=2 --runtime="$secs" --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["read"]
-print(round(j["clat_ns"]["percentile"]["99.000000"]/1e6, 3))'
-}
 sched=/sys/block/$(basename "$loopdev")/queue/scheduler
 for s in none mq-deadline kyber; do
   if ! echo "$s" >"$sched" 2>/dev/null || ! grep -q "\[$s\]" "$sched"; then
     echo "kernel, $s: not available here ($(cat "$sched"))"; continue
   fi
-  ka=$(kreaders)
+  read -r _ ka < <(readers dev)
   job "dev:$loopdev" write 1M 16 >"$dir/w" &
   wp=$!
-  kw=$(kreaders)
+  read -r _ kw < <(readers dev)
   wait "$wp" || true
   read -r kmb _ <"$dir/w" || kmb=0
   python3 -c 'import sys; a,w,m=map(float,sys.argv[1:]); print(f"kernel, '"$s"', fio alone on the device: readers p99 alone {a} ms, beside the writer {w} ms = {w/a:.2f}x; writer {m} MB/s")' "$ka" "$kw" "$kmb"

@@ -71,15 +71,19 @@ async fn workload(a: &Raid, model: &mut [u8], rng: &mut Rng, writes: usize, stri
             let s = rng.below(total);
             (s, (1 + rng.below(3 * CHUNK)).min(total - s))
         };
-        let fill = (rng.next() & 0xff) as u8;
-        let data: Vec<u8> = (0..count * 512)
-            .map(|i| fill ^ (i as u8).wrapping_mul(31))
-            .collect();
-        a.write(start, Bytes::from(data.clone()), IoOpts::new())
-            .await
-            .unwrap();
-        model[(start * 512) as usize..((start + count) * 512) as usize].copy_from_slice(&data);
+        put(a, model, start, count, (rng.next() & 0xff) as u8).await;
     }
+}
+
+/// Writes `count` sectors at `start` of a pattern from `fill` to `a` and to `model`.
+async fn put(a: &Raid, model: &mut [u8], start: u64, count: u64, fill: u8) {
+    let data: Vec<u8> = (0..count * 512)
+        .map(|i| fill ^ (i as u8).wrapping_mul(31))
+        .collect();
+    a.write(start, Bytes::from(data.clone()), IoOpts::new())
+        .await
+        .unwrap();
+    model[(start * 512) as usize..((start + count) * 512) as usize].copy_from_slice(&data);
 }
 
 /// Every byte of `a` against `model`, in reads of varying size.
@@ -844,9 +848,8 @@ async fn a_stopped_rebuild_is_taken_up_where_it_stopped_at_the_next_assembly() {
     }
 }
 
-/// A whole-stripe write (its parity computed and written by another worker while the data
-/// goes out) after partial writes that left the row in the stripe cache: the cache must not
-/// keep the old row, or the next partial write's parity is computed from stale data. Then a
+/// A whole-stripe write (parity from the new data alone, no reads) after partial writes
+/// that left the row in the stripe cache: the cache must not keep the old row, or the next partial write's parity is computed from stale data. Then a
 /// member (data or parity) failing under a whole-stripe write: it is failed, the write
 /// succeeds, and every byte reads back degraded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -873,23 +876,14 @@ async fn whole_stripe_writes_forget_the_cached_row_and_survive_a_member_failing(
             );
             let total = a.info().sectors;
             let mut model = vec![0u8; (total * 512) as usize];
-            let put = async |at: u64, sectors: u64, fill: u8, model: &mut Vec<u8>| {
-                let data: Vec<u8> = (0..sectors * 512)
-                    .map(|i| fill ^ (i as u8).wrapping_mul(7))
-                    .collect();
-                a.write(at, Bytes::from(data.clone()), IoOpts::new())
-                    .await
-                    .unwrap();
-                model[(at * 512) as usize..((at + sectors) * 512) as usize].copy_from_slice(&data);
-            };
             // Stripe 1: a chunk (the row read and cached), the whole stripe, then a chunk
             // again (from the cache, if it kept the row).
-            put(stripe, CHUNK, 1, &mut model).await;
-            put(stripe, stripe, 2, &mut model).await;
-            put(stripe + CHUNK, CHUNK, 3, &mut model).await;
+            put(&a, &mut model, stripe, CHUNK, 1).await;
+            put(&a, &mut model, stripe, stripe, 2).await;
+            put(&a, &mut model, stripe + CHUNK, CHUNK, 3).await;
             // Stripe 2: the victim fails under a whole-stripe write.
             faulty[victim].inject(Fault::always(FaultOp::Write, FaultKind::Error));
-            put(2 * stripe, stripe, 4, &mut model).await;
+            put(&a, &mut model, 2 * stripe, stripe, 4).await;
             assert_eq!(a.failed(), vec![victim], "{kind:?}: member {victim} failed");
             verify(&a, &model, &format!("{kind:?} without {victim}")).await;
             // And the same bytes from a fresh assembly with the victim left out, which reads

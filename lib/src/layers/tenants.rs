@@ -309,16 +309,15 @@ impl<D: BlockDevice + 'static> Tenants<D> {
     pub fn stats(&self) -> Vec<TenantStats> {
         let names = self.shared.tenants.lock();
         let st = self.shared.state.lock();
+        // A tenant's name, tally and count are added together, under both locks.
         names
             .iter()
+            .zip(st.tallies.iter().zip(&st.outstanding))
             .enumerate()
-            .map(|(i, name)| TenantStats {
+            .map(|(i, (name, (tally, &outstanding)))| TenantStats {
                 name: name.clone(),
                 spec: st.sched.spec(TenantId(i)).unwrap_or_default(),
-                io: st.tallies.get(i).map_or_else(
-                    || Tally::default().snapshot(0),
-                    |t| t.snapshot(st.outstanding.get(i).map_or(0, |&n| n as u64)),
-                ),
+                io: tally.snapshot(outstanding as u64),
                 served: st.sched.counters(TenantId(i)).unwrap_or_default(),
             })
             .collect()
