@@ -434,4 +434,25 @@ proptest! {
         prop_assert_eq!(p, p2);
         prop_assert_eq!(q, q2);
     }
+    /// The XOR of any number of sources (odd and even: two a pass, the first alone when
+    /// odd), any length across the 4 KiB blocks and the 32-byte lanes, equals the XOR a
+    /// byte at a time.
+    #[test]
+    fn xor_sum_new_is_the_xor_of_its_sources(
+        seeds in proptest::collection::vec(any::<u8>(), 0..9),
+        len in prop_oneof![0usize..100, 4000usize..8300],
+    ) {
+        let srcs: Vec<Vec<u8>> = seeds
+            .iter()
+            .map(|&s| (0..len).map(|i| (i as u8).wrapping_mul(31) ^ s.rotate_left(i as u32 % 8)).collect())
+            .collect();
+        let refs: Vec<&[u8]> = srcs.iter().map(Vec::as_slice).collect();
+        let mut want = vec![0u8; len];
+        for s in &srcs {
+            for (w, b) in want.iter_mut().zip(s) {
+                *w ^= b;
+            }
+        }
+        prop_assert_eq!(tagstripe_striping::md::gf::xor_sum_new(&refs, len), want);
+    }
 }
