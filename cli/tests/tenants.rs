@@ -9,7 +9,7 @@ mod peers;
 use peers::{have, scratch};
 #[path = "common/serve.rs"]
 mod serve;
-use serve::{Serve, blank, qemu_io};
+use serve::{Serve, blank, qemu_io, run};
 
 #[test]
 fn bad_tenant_specs_are_refused_before_listening_naming_the_key() {
@@ -200,4 +200,56 @@ fn bench_tenants_refuses_bad_numbers() {
         let flag = arg.split('=').next().unwrap();
         assert!(err.contains(flag), "{arg}: {err}");
     }
+}
+
+/// One component shared by exports of two classes goes through the tagged queue and the
+/// quirk split (so the interactive export is served ahead of the bulk one), and is still the
+/// image as it is: the same size to the byte (no stripe geometry, no offset), sector 0 the
+/// image's, what one export writes the other reads, its last sectors included.
+#[test]
+fn one_component_shared_by_two_classes_is_the_image_as_it_is() {
+    if !have("qemu-io") || !have("nbdinfo") {
+        return;
+    }
+    let dir = scratch("shared-one");
+    let bytes = (5 << 20) + 4096;
+    let disk = blank(&dir, "disk.img", bytes);
+    let s = Serve::start(&[
+        "--class-export",
+        "reader:interactive",
+        "--class-export",
+        "backup:bulk",
+        disk.to_str().unwrap(),
+    ]);
+    let (reader, backup) = (
+        s.url.replace("/vol", "/reader"),
+        s.url.replace("/vol", "/backup"),
+    );
+    for url in [&s.url, &reader, &backup] {
+        let size = run(Command::new("nbdinfo").args(["--size", url]));
+        assert_eq!(size.trim(), bytes.to_string(), "{url}");
+    }
+    qemu_io(
+        &backup,
+        &[
+            "write -P 0x5e 0 2M".into(),
+            format!("write -P 0x6f {} 4k", bytes - 4096),
+        ],
+    );
+    qemu_io(
+        &reader,
+        &[
+            "read -P 0x5e 0 2M".into(),
+            format!("read -P 0x6f {} 4k", bytes - 4096),
+        ],
+    );
+    let (ok, err) = s.stop();
+    assert!(ok, "{err}");
+    let image = std::fs::read(&disk).unwrap();
+    assert!(
+        image[..2 << 20].iter().all(|&b| b == 0x5e),
+        "the image's own sector 0 on"
+    );
+    assert!(image[image.len() - 4096..].iter().all(|&b| b == 0x6f));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -217,3 +217,96 @@ async fn each_tenant_counts_its_own_requests_and_failures() {
     assert!(p99(&sa.io) < Duration::from_millis(1), "{:?}", sa.io);
     assert!(p99(&sb.io) >= Duration::from_millis(5), "{:?}", sb.io);
 }
+
+/// A device whose writes wait until the test opens the gate; reads are served at once.
+#[derive(Debug)]
+struct Gate {
+    info: tagstripe::DeviceInfo,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl BlockDevice for Gate {
+    fn info(&self) -> &tagstripe::DeviceInfo {
+        &self.info
+    }
+    async fn read(
+        &self,
+        _start: u64,
+        sectors: u64,
+        _opts: IoOpts,
+    ) -> tagstripe::Result<bytes::Bytes> {
+        Ok(bytes::Bytes::from(vec![0u8; sectors as usize * 512]))
+    }
+    async fn write(
+        &self,
+        _start: u64,
+        _data: bytes::Bytes,
+        _opts: IoOpts,
+    ) -> tagstripe::Result<()> {
+        let mut open = self.open.clone();
+        // The sender lives as long as the test: an error would be a bug in the test.
+        open.wait_for(|&o| o).await.expect("gate sender alive");
+        Ok(())
+    }
+    async fn flush(&self, _opts: IoOpts) -> tagstripe::Result<()> {
+        Ok(())
+    }
+    async fn discard(&self, _start: u64, _sectors: u64, _opts: IoOpts) -> tagstripe::Result<()> {
+        Ok(())
+    }
+}
+
+/// With the depth full of a bulk tenant's writes that do not finish, another tenant's
+/// interactive read still goes to the device (a fair queue below serves it first), while
+/// its best-effort read waits for a slot as the depth says; once the writes finish,
+/// everything completes.
+#[tokio::test(start_paused = true)]
+async fn an_interactive_read_goes_past_a_depth_full_of_bulk_writes() {
+    let (tx, open) = tokio::sync::watch::channel(false);
+    let t = Tenants::new(Gate {
+        info: tagstripe::DeviceInfo::new("gate", SECTORS),
+        open,
+    });
+    let vm = Arc::new(t.add("vm", TenantSpec::new()).unwrap());
+    let backup = Arc::new(t.add("backup", TenantSpec::new()).unwrap());
+    // The vm is busy (it read a moment ago), so the two share and the depth applies.
+    vm.read(0, 8, IoOpts::new().class(IoClass::Interactive))
+        .await
+        .unwrap();
+    let writes: Vec<_> = (0..32u64)
+        .map(|i| {
+            let b = Arc::clone(&backup);
+            tokio::spawn(async move {
+                b.write(
+                    i * 2048,
+                    bytes::Bytes::from(vec![7u8; 1 << 20]),
+                    IoOpts::new().class(IoClass::Bulk),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let depth = t.depth();
+    assert!(depth < 32, "the depth ({depth}) holds some writes back");
+    let read = vm.read(8, 8, IoOpts::new().class(IoClass::Interactive));
+    let got = tokio::time::timeout(Duration::from_secs(1), read).await;
+    assert!(
+        matches!(got, Ok(Ok(_))),
+        "the interactive read was held: {got:?}"
+    );
+    let best_effort = vm.read(16, 8, IoOpts::new().class(IoClass::BestEffort));
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), best_effort)
+            .await
+            .is_err(),
+        "a best-effort read waits for a slot while the depth is full"
+    );
+    tx.send(true).unwrap();
+    for w in writes {
+        w.await.unwrap().unwrap();
+    }
+    vm.read(16, 8, IoOpts::new().class(IoClass::BestEffort))
+        .await
+        .unwrap();
+}

@@ -503,7 +503,44 @@ impl<T: Copy> TenantScheduler<T> {
     /// [`Idle::Empty`] when nothing is queued, [`Idle::Until`] when every tenant with work
     /// is held back by its limit (the earliest time one is not).
     pub fn next(&mut self, now: Nanos) -> Result<TenantDispatch<T>, Idle> {
+        self.pick(now, false)
+    }
+
+    /// As [`next`](Self::next), among the tenants whose next request is interactive only
+    /// (reservations, weights and limits as ever): what a caller that keeps the device's
+    /// queue short sends past its depth, so that an interactive read does not wait for a
+    /// bulk write to leave the device when a fair queue below serves it first (as Linux's
+    /// Kyber keeps a quarter of its tags from asynchronous requests).
+    ///
+    /// ```
+    /// use tagstripe_scheduler::{Idle, IoClass, TenantScheduler, TenantSpec};
+    /// let mut s = TenantScheduler::new();
+    /// let (vm, backup) = (s.add(TenantSpec::new())?, s.add(TenantSpec::new())?);
+    /// s.submit(0, backup, 1, 1 << 20, IoClass::Bulk).unwrap();
+    /// assert!(matches!(s.next_interactive(0), Err(Idle::Empty)), "only bulk waits");
+    /// s.submit(0, vm, 2, 4096, IoClass::Interactive).unwrap();
+    /// assert_eq!(s.next_interactive(0).unwrap().req, 2);
+    /// assert_eq!(s.next(0).unwrap().req, 1);
+    /// # Ok::<(), tagstripe_scheduler::TenantError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Idle::Empty`] when no tenant's next request is interactive, [`Idle::Until`] when
+    /// every such tenant is held back by its limit.
+    pub fn next_interactive(&mut self, now: Nanos) -> Result<TenantDispatch<T>, Idle> {
+        self.pick(now, true)
+    }
+
+    /// The next request, among every tenant with work or (`interactive`) those whose head
+    /// request is interactive.
+    fn pick(&mut self, now: Nanos, interactive: bool) -> Result<TenantDispatch<T>, Idle> {
         if self.queued == 0 {
+            return Err(Idle::Empty);
+        }
+        let ready = |t: &Tenant<T>| {
+            t.len() > 0 && (!interactive || !t.queues[IoClass::Interactive.index()].is_empty())
+        };
+        if interactive && !self.tenants.iter().any(ready) {
             return Err(Idle::Empty);
         }
         let nowf = now as f64;
@@ -518,7 +555,7 @@ impl<T: Copy> TenantScheduler<T> {
             .tenants
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.len() > 0 && t.spec.has_reservation() && t.r <= nowf)
+            .filter(|(_, t)| ready(t) && t.spec.has_reservation() && t.r <= nowf)
             .min_by(|a, b| a.1.r.total_cmp(&b.1.r))
             .map(|(i, _)| i);
         let (i, reserved) = if let Some(i) = due {
@@ -526,7 +563,7 @@ impl<T: Copy> TenantScheduler<T> {
         } else {
             let under = |t: &Tenant<T>| !t.spec.has_limit() || t.l <= nowf + t.spec.burst as f64;
             for t in &mut self.tenants {
-                if t.len() > 0 && !under(t) {
+                if ready(t) && !under(t) {
                     t.held_since.get_or_insert(now);
                 }
             }
@@ -534,7 +571,7 @@ impl<T: Copy> TenantScheduler<T> {
                 .tenants
                 .iter()
                 .enumerate()
-                .filter(|(_, t)| t.len() > 0 && under(t))
+                .filter(|(_, t)| ready(t) && under(t))
                 .min_by(|a, b| a.1.p.total_cmp(&b.1.p))
                 .map(|(i, _)| i);
             match pick {
@@ -543,7 +580,7 @@ impl<T: Copy> TenantScheduler<T> {
                     let until = self
                         .tenants
                         .iter()
-                        .filter(|t| t.len() > 0)
+                        .filter(|t| ready(t))
                         .map(|t| t.l - t.spec.burst as f64)
                         .fold(f64::INFINITY, f64::min);
                     // Time spent held back, charged to each tenant that waits.
