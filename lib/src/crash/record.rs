@@ -276,9 +276,13 @@ fn writer(file: File, mut rx: mpsc::Receiver<Entry>, failed: &Mutex<Option<Strin
             fail(e);
         }
         if let Entry::Finish(tx) = entry {
+            // Nothing is recorded after the end record: marked before the caller hears of
+            // it, so a request it sends next is refused (marked after, a write sent at once
+            // could slip in unrecorded; CI saw it). A write error kept, if there was one.
+            failed
+                .lock()
+                .get_or_insert_with(|| "the recording has finished".into());
             let _ = tx.send(r.map_err(|e| format!("cannot write the log: {e}")));
-            // Nothing is recorded after the end record.
-            *failed.lock() = Some("the recording has finished".into());
         }
     }
     if let Err(e) = w.flush() {
