@@ -432,8 +432,10 @@ impl<D: BlockDevice + 'static> Shared<D> {
     /// One of `tenant`'s requests left the device; `ended`: how it went, counted in the
     /// tenant's figures (none for a request whose caller gave up).
     fn done(self: &Arc<Self>, tenant: TenantId, ended: Option<Ended>, past: bool) {
-        let mut st = self.state.lock();
+        // The clock read before the lock: the lock is held as briefly as it can be (every
+        // request's admission and completion take it, from every worker).
         let now = self.now();
+        let mut st = self.state.lock();
         let n = st.count_of(past);
         *n = n.saturating_sub(1);
         st.finished(tenant);
