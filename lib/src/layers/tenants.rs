@@ -6,7 +6,10 @@
 //! How many go through is adaptive (the device's own queue as short as it can be without
 //! losing throughput): a hill climb on the throughput of windows of 256 completions, which
 //! settles where one more request at the device stops paying (see `Depth`). The depth is
-//! reported in [`Tenants::depth`].
+//! reported in [`Tenants::depth`]. A tenant's interactive request is let through past the
+//! depth (up to the device's tags; reservations, weights and limits still apply): below, a
+//! fair queue (a [`crate::Volume`]'s, or `serve`'s over a shared component) serves it ahead
+//! of the bulk it finds there, where held here it would wait for a bulk write to finish.
 
 use std::collections::HashMap;
 use std::sync::Arc;
