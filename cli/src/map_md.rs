@@ -227,7 +227,8 @@ pub(crate) fn run(level: Level, a: &MdArgs, requests: &[(bool, u64, u64)], json:
 }
 
 /// An md array of `level` over `comps` (member sector 0 at `offset` on each), named `name`,
-/// behind tagged queues: what `serve --level` and `bench --level` serve.
+/// behind tagged queues with the fair policy `fair`: what `serve --level` and `bench
+/// --level` serve.
 pub(crate) fn build_raid(
     name: &str,
     level: Level,
@@ -235,6 +236,7 @@ pub(crate) fn build_raid(
     chunk: u64,
     offset: u64,
     comps: Vec<std::sync::Arc<dyn tagstripe::DynBlockDevice>>,
+    fair: tagstripe::scheduler::FairConfig,
 ) -> Result<tagstripe::Raid, String> {
     use tagstripe::BlockDevice;
     let size = comps
@@ -247,5 +249,5 @@ pub(crate) fn build_raid(
     let raid = tagstripe::Raid::new(name, geo, comps)
         .and_then(|r| r.with_data_offsets(vec![offset; disks]))
         .map_err(|e| e.to_string())?;
-    Ok(raid.with_queues(tagstripe::scheduler::FairConfig::default()))
+    Ok(raid.with_queues(fair))
 }

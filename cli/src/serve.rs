@@ -497,13 +497,13 @@ async fn assemble(args: &ServeArgs, checked: &Checked) -> Result<Assembled, Refu
     })
 }
 
-/// The fair policy of what `serve` queues: the default, with bulk shaped to an
-/// interactive latency at the device of 8x its unloaded one rather than 4x. A client of
-/// the server sees each request's round trip through NBD on top of the device's time
-/// (0.1-0.2 ms over a Unix socket), so 8x at the device is about 3-4x at the client, the
-/// interactive promise as a client measures it (4 Poisson readers beside a 1 MiB QD16
-/// writer through `serve` on a loop device: readers' p99 2.9-3.9x of alone, the writer
-/// 0.81-0.89x of no queue; at 4x, 2.0-2.3x and 0.49-0.73x).
+/// The fair policy of everything `serve` queues (a volume's components, md members, a
+/// shared component): the default, with bulk shaped to an interactive latency at the device
+/// of 8x its unloaded one rather than 4x. A client of the server sees each request's round
+/// trip through NBD on top of the device's time (0.1-0.2 ms over a Unix socket), so 8x at
+/// the device is about 3-4x at the client, the interactive promise as a client measures it;
+/// at 4x the bulk writer lost a quarter to a half of its rate for readers already at 2x
+/// (docs/tenants.md has the figures).
 fn serve_fairness() -> tagstripe::scheduler::FairConfig {
     tagstripe::scheduler::FairConfig {
         target_percent: 800,
@@ -685,6 +685,7 @@ async fn md_array(
         args.chunk,
         args.layout.reserved.unwrap_or(0),
         comps,
+        serve_fairness(),
     )
     .map_err(fail)?;
     Ok(raid.on_event(say_md_event))

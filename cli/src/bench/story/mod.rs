@@ -373,6 +373,7 @@ async fn stories(a: &RunArgs, size: u64, temp: &TempFiles) -> ExitCode {
             a.chunk,
             a.layout.reserved.unwrap_or(0),
             comps.clone(),
+            tagstripe::scheduler::FairConfig::default(),
         ) {
             Ok(r) => {
                 if text {
