@@ -203,6 +203,22 @@ impl Tally {
         self.latency[class as usize][bucket(latency_ns)] += 1;
     }
 
+    /// Adds `other`'s counts to these (shards of one device's counters merged).
+    pub(crate) fn add(&mut self, other: &Tally) {
+        for (a, b) in self.ops.iter_mut().zip(other.ops) {
+            *a += b;
+        }
+        for (a, b) in self.bytes.iter_mut().zip(other.bytes) {
+            *a += b;
+        }
+        self.errors += other.errors;
+        for (a, b) in self.latency.iter_mut().zip(other.latency.iter()) {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        }
+    }
+
     /// The counters now, with `in_flight` requests in progress.
     pub(crate) fn snapshot(&self, in_flight: u64) -> StatsSnapshot {
         StatsSnapshot {

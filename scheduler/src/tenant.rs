@@ -224,11 +224,27 @@ impl TenantSpec {
         a.max(b)
     }
 
-    fn has_reservation(&self) -> bool {
+    /// A reservation is set (in IOPS or bytes/s).
+    ///
+    /// ```
+    /// use tagstripe_scheduler::TenantSpec;
+    /// assert!(TenantSpec::new().reserve_iops(500.0).has_reservation());
+    /// assert!(!TenantSpec::new().has_reservation());
+    /// ```
+    #[must_use]
+    pub fn has_reservation(&self) -> bool {
         self.reserve_iops > 0.0 || self.reserve_bps > 0.0
     }
 
-    fn has_limit(&self) -> bool {
+    /// A limit is set (in IOPS or bytes/s).
+    ///
+    /// ```
+    /// use tagstripe_scheduler::TenantSpec;
+    /// assert!(TenantSpec::new().limit_bps(50e6).has_limit());
+    /// assert!(!TenantSpec::new().weight(3).has_limit());
+    /// ```
+    #[must_use]
+    pub fn has_limit(&self) -> bool {
         self.limit_iops > 0.0 || self.limit_bps > 0.0
     }
 }

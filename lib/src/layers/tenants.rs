@@ -10,9 +10,17 @@
 //! depth (up to the device's tags; reservations, weights and limits still apply): below, a
 //! fair queue (a [`crate::Volume`]'s, or `serve`'s over a shared component) serves it ahead
 //! of the bulk it finds there, where held here it would wait for a bulk write to finish.
+//!
+//! A tenant busy alone that is owed no reservation and held to no limit goes past the
+//! scheduler (whose choice among one tenant is that tenant's next request) and past the
+//! depth (the device's own tags bound it): its requests count themselves in their worker's
+//! shard of its counts and take no shared lock, so a tenant alone costs little more than the
+//! device without `Tenants`. When another tenant comes, both are tagged from virtual time, as
+//! mClock tags a tenant back from idle.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -110,6 +118,33 @@ impl Depth {
     }
 }
 
+/// Shards of the per-request counts. A request counts itself in its worker thread's shard
+/// (threads take shards in turn), so two workers serving one tenant busy alone write no
+/// cache line in common; the sums are read where a decision needs them.
+const SHARDS: usize = 8;
+
+/// The shard the calling thread counts in.
+fn shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
+
+/// A value on cache lines of its own: what one core writes for every request does not
+/// evict what another reads (two lines: adjacent-line prefetch pairs them).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 #[derive(Debug)]
 struct State<D: BlockDevice + 'static> {
     sched: TenantScheduler<u64>,
@@ -117,40 +152,137 @@ struct State<D: BlockDevice + 'static> {
     /// cancelled after it was let through gives it back when dropped).
     waiters: HashMap<u64, oneshot::Sender<Admitted<D>>>,
     next_ticket: u64,
-    in_flight: usize,
     /// Interactive requests let through past the depth, at the device now (not counted in
-    /// `in_flight`, nor in the depth's windows).
+    /// [`Shared::in_flight`], nor in the depth's windows).
     past: usize,
     depth: Depth,
     /// A wake-up is set for this time (a limit holds every tenant with work back).
     timer: Option<Nanos>,
-    /// When each tenant last sent a request.
-    last_sent: Vec<Option<Nanos>>,
-    /// Each tenant's requests waiting here or at the device.
-    outstanding: Vec<usize>,
-    /// Each tenant's counters, kept under this lock (taken anyway when a request ends).
-    tallies: Vec<Tally>,
+    /// Each tenant's counts (its handle holds the same).
+    cells: Vec<Arc<Cell>>,
+}
+
+/// One shard of a tenant's counts.
+#[derive(Debug, Default)]
+struct CellShard {
+    /// Its requests submitted minus those done, as this shard saw them (below zero where
+    /// requests ended on another thread than the one that sent them; the sum is the count).
+    outstanding: AtomicIsize,
+    /// When it last sent a request, on the scheduler's clock, plus one (0: never).
+    last_sent: AtomicU64,
+    /// What ended here (a lock taken by this shard's thread alone, but for `stats`).
+    counts: Mutex<Counts>,
+}
+
+/// What a shard counts when requests end.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Its requests' counters (allocated at the shard's first request).
+    tally: Option<Tally>,
+    /// Requests let through without the scheduler (the tenant busy alone, owed no
+    /// reservation and held to no limit: see [`Flags::solo`]), and their bytes.
+    solo_served: u64,
+    solo_bytes: u64,
+}
+
+/// A tenant's counts, kept apart from the shared state in shards: a request of a tenant
+/// busy alone, with nothing waiting, is let through and ends without the shared lock.
+#[derive(Debug, Default)]
+struct Cell {
+    shards: [Padded<CellShard>; SHARDS],
+}
+
+impl Cell {
+    /// A request sent at `now`, counted in shard `k`.
+    fn sent(&self, k: usize, now: Nanos) {
+        let s = &self.shards[k];
+        s.outstanding.fetch_add(1, Ordering::Relaxed);
+        s.last_sent.store(now.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// One of its requests is done here (served, failed or given up), counted in shard `k`.
+    fn finished(&self, k: usize) {
+        self.shards[k].outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Its requests waiting here or at the device.
+    fn outstanding(&self) -> usize {
+        let n: isize = self
+            .shards
+            .iter()
+            .map(|s| s.outstanding.load(Ordering::Relaxed))
+            .sum();
+        n.max(0).unsigned_abs()
+    }
+
+    /// When it last sent a request.
+    fn last_sent(&self) -> Option<Nanos> {
+        let t = self
+            .shards
+            .iter()
+            .map(|s| s.last_sent.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        t.checked_sub(1)
+    }
+
+    /// Busy: requests waiting or at the device, or one sent in the last [`BUSY_FOR`].
+    fn busy(&self, now: Nanos) -> bool {
+        self.outstanding() > 0
+            || self
+                .last_sent()
+                .is_some_and(|t| now.saturating_sub(t) < BUSY_FOR)
+    }
+
+    /// Counts in shard `k` how a request ended (`how`: none for one given up), and (`solo`)
+    /// the bytes of one let through without the scheduler.
+    fn ended(&self, k: usize, how: Option<(&Ended, Nanos)>, solo: Option<u64>) {
+        let mut c = self.shards[k].counts.lock();
+        if let Some((e, latency)) = how {
+            c.tally
+                .get_or_insert_with(Tally::default)
+                .record(e.op, e.class, e.bytes, latency, e.ok);
+        }
+        if let Some(bytes) = solo {
+            c.solo_served += 1;
+            c.solo_bytes += bytes;
+        }
+    }
+
+    /// Its figures: every shard's tally, merged.
+    fn figures(&self) -> StatsSnapshot {
+        let mut all = Tally::default();
+        for s in &self.shards {
+            if let Some(t) = &s.counts.lock().tally {
+                all.add(t);
+            }
+        }
+        all.snapshot(self.outstanding() as u64)
+    }
+
+    /// Requests let through without the scheduler, and their bytes.
+    fn solo(&self) -> (u64, u64) {
+        self.shards.iter().fold((0, 0), |(n, b), s| {
+            let c = s.counts.lock();
+            (n + c.solo_served, b + c.solo_bytes)
+        })
+    }
 }
 
 impl<D: BlockDevice + 'static> State<D> {
-    /// At most one tenant is busy: has requests waiting or at the device, or sent one in
-    /// the last [`BUSY_FOR`].
-    fn alone(&self, now: Nanos) -> bool {
-        self.last_sent
-            .iter()
-            .zip(&self.outstanding)
-            .filter(|&(t, &n)| n > 0 || t.is_some_and(|t| now.saturating_sub(t) < BUSY_FOR))
-            .count()
-            <= 1
+    /// The busy tenants at `now`: `Some(None)` none, `Some(Some(id))` `id` alone, `None`
+    /// several.
+    fn busy(&self, now: Nanos) -> Option<Option<TenantId>> {
+        let mut busy = self.cells.iter().enumerate().filter(|(_, c)| c.busy(now));
+        match (busy.next(), busy.next()) {
+            (None, _) => Some(None),
+            (Some((i, _)), None) => Some(Some(TenantId(i))),
+            _ => None,
+        }
     }
 
-    /// How many requests may be at the device now: every tag while one tenant is busy
-    /// alone, else the adaptive depth.
-    fn cap(&self, now: Nanos) -> usize {
-        self.cap_if(self.alone(now))
-    }
-
-    /// [`cap`](Self::cap) with [`alone`](Self::alone) known.
+    /// How many requests may be at the device: every tag while at most one tenant is busy,
+    /// else the adaptive depth.
     fn cap_if(&self, alone: bool) -> usize {
         if alone {
             self.depth.max
@@ -159,28 +291,42 @@ impl<D: BlockDevice + 'static> State<D> {
         }
     }
 
-    /// The count a request let through is in: `past` the depth, or within it.
-    fn count_of(&mut self, past: bool) -> &mut usize {
-        if past {
-            &mut self.past
-        } else {
-            &mut self.in_flight
-        }
-    }
-
     /// One of `tenant`'s requests is done here (served, failed or given up).
-    fn finished(&mut self, tenant: TenantId) {
-        if let Some(n) = self.outstanding.get_mut(tenant.0) {
-            *n = n.saturating_sub(1);
+    fn finished(&self, tenant: TenantId) {
+        if let Some(c) = self.cells.get(tenant.0) {
+            c.finished(shard());
         }
     }
+}
+
+/// What the last look at the state found, read by requests without the lock.
+#[derive(Debug, Default)]
+struct Flags {
+    /// At most one tenant busy: a completion has no depth window to count.
+    alone: AtomicBool,
+    /// The one tenant busy, plus one (0: none, or several), if it is owed no reservation
+    /// and held to no limit: its requests go through without the scheduler (whose choice
+    /// among one tenant is that tenant's next request). The scheduler sees its tags as
+    /// those of a tenant that was idle: when another tenant comes, both start from
+    /// virtual time, mClock's rule for a tenant back from idle (no credit, no penalty).
+    solo: AtomicUsize,
 }
 
 #[derive(Debug)]
 struct Shared<D: BlockDevice + 'static> {
     dev: D,
     epoch: Instant,
-    state: Mutex<State<D>>,
+    state: Padded<Mutex<State<D>>>,
+    /// Requests let through within the depth, at the device now, counted in the shard of
+    /// the thread that let each through or ended it (the sum is the count). Raised only
+    /// under the state lock (where the depth is checked) or by a tenant busy alone; lowered
+    /// by a completion without the lock.
+    in_flight: [Padded<AtomicIsize>; SHARDS],
+    /// Requests waiting in the scheduler for a slot (`State::waiters`' length). Raised
+    /// before `in_flight` is read, read after it is lowered, all sequentially consistent:
+    /// a completion that finds none cannot miss a request that found no slot.
+    waiting: Padded<AtomicUsize>,
+    flags: Padded<Flags>,
     /// The tenants' names, in the order they were added (a tenant's id is its index).
     tenants: Mutex<Vec<String>>,
 }
@@ -232,11 +378,10 @@ impl<D: BlockDevice + 'static> Tenants<D> {
             shared: Arc::new(Shared {
                 dev,
                 epoch: Instant::now(),
-                state: Mutex::new(State {
+                state: Padded(Mutex::new(State {
                     sched: TenantScheduler::new(),
                     waiters: HashMap::new(),
                     next_ticket: 0,
-                    in_flight: 0,
                     past: 0,
                     depth: Depth {
                         cur: START_DEPTH.min(max),
@@ -249,10 +394,11 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                         stale: false,
                     },
                     timer: None,
-                    last_sent: Vec::new(),
-                    outstanding: Vec::new(),
-                    tallies: Vec::new(),
-                }),
+                    cells: Vec::new(),
+                })),
+                in_flight: Default::default(),
+                waiting: Padded::default(),
+                flags: Padded::default(),
                 tenants: Mutex::new(Vec::new()),
             }),
         }
@@ -274,12 +420,11 @@ impl<D: BlockDevice + 'static> Tenants<D> {
                 what: "a tenant of that name exists already".into(),
             });
         }
+        let cell = Arc::new(Cell::default());
         let id = {
             let mut st = self.shared.state.lock();
             let id = st.sched.add(spec).map_err(bad)?;
-            st.last_sent.push(None);
-            st.outstanding.push(0);
-            st.tallies.push(Tally::default());
+            st.cells.push(Arc::clone(&cell));
             id
         };
         names.push(name.to_owned());
@@ -288,6 +433,7 @@ impl<D: BlockDevice + 'static> Tenants<D> {
         Ok(Tenant {
             shared: Arc::clone(&self.shared),
             id,
+            cell,
             info,
         })
     }
@@ -303,6 +449,9 @@ impl<D: BlockDevice + 'static> Tenants<D> {
             tenant: name.to_owned(),
             what: e.to_string(),
         })?;
+        // Its requests go through the scheduler until the state is looked at again (a limit
+        // or a reservation set now holds from its next request).
+        self.shared.flags.solo.store(0, Ordering::SeqCst);
         self.shared.pump(&mut st);
         Ok(())
     }
@@ -325,16 +474,22 @@ impl<D: BlockDevice + 'static> Tenants<D> {
     pub fn stats(&self) -> Vec<TenantStats> {
         let names = self.shared.tenants.lock();
         let st = self.shared.state.lock();
-        // A tenant's name, tally and count are added together, under both locks.
+        // A tenant's name and cell are added together, under both locks.
         names
             .iter()
-            .zip(st.tallies.iter().zip(&st.outstanding))
+            .zip(&st.cells)
             .enumerate()
-            .map(|(i, (name, (tally, &outstanding)))| TenantStats {
-                name: name.clone(),
-                spec: st.sched.spec(TenantId(i)).unwrap_or_default(),
-                io: tally.snapshot(outstanding as u64),
-                served: st.sched.counters(TenantId(i)).unwrap_or_default(),
+            .map(|(i, (name, cell))| {
+                let mut served = st.sched.counters(TenantId(i)).unwrap_or_default();
+                let (n, bytes) = cell.solo();
+                served.served += n;
+                served.bytes += bytes;
+                TenantStats {
+                    name: name.clone(),
+                    spec: st.sched.spec(TenantId(i)).unwrap_or_default(),
+                    io: cell.figures(),
+                    served,
+                }
             })
             .collect()
     }
@@ -362,11 +517,49 @@ impl<D: BlockDevice + 'static> Shared<D> {
         u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Requests at the device within the depth.
+    fn in_flight(&self) -> usize {
+        let n: isize = self
+            .in_flight
+            .iter()
+            .map(|n| n.load(Ordering::SeqCst))
+            .sum();
+        n.max(0).unsigned_abs()
+    }
+
+    /// Looks at who is busy at `now`: sets the flags requests read without the lock, and
+    /// restarts the depth's window while at most one tenant is busy (the depth is climbed
+    /// only where it is used: with tenants sharing). Returns whether at most one is.
+    fn look(&self, st: &mut State<D>, now: Nanos) -> bool {
+        let busy = st.busy(now);
+        // (Not while requests wait here: they go first, in the scheduler's order.)
+        let solo = match busy {
+            Some(Some(id))
+                if st.waiters.is_empty()
+                    && st
+                        .sched
+                        .spec(id)
+                        .is_some_and(|s| !s.has_limit() && !s.has_reservation()) =>
+            {
+                id.0 + 1
+            }
+            _ => 0,
+        };
+        self.flags.solo.store(solo, Ordering::SeqCst);
+        let alone = busy.is_some();
+        self.flags.alone.store(alone, Ordering::Relaxed);
+        if alone {
+            st.depth.restart();
+        }
+        alone
+    }
+
     /// Lets requests through while the depth allows; sets a wake-up when limits hold every
     /// waiting tenant back.
     fn pump(self: &Arc<Self>, st: &mut State<D>) {
         let now = self.now();
-        let cap = st.cap(now);
+        let alone = self.look(st, now);
+        let cap = st.cap_if(alone);
         self.pump_at(st, now, cap);
     }
 
@@ -374,7 +567,8 @@ impl<D: BlockDevice + 'static> Shared<D> {
     /// `past`: let through past the depth (an interactive request).
     fn deliver(self: &Arc<Self>, st: &mut State<D>, tenant: TenantId, req: u64, past: bool) {
         if let Some(tx) = st.waiters.remove(&req) {
-            *st.count_of(past) += 1;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.take_slot(st, past);
             let slot = Admitted {
                 shared: Some(Arc::clone(self)),
                 tenant,
@@ -383,15 +577,33 @@ impl<D: BlockDevice + 'static> Shared<D> {
             if let Err(mut slot) = tx.send(slot) {
                 // Cancelled while it waited: the slot goes back at once.
                 slot.shared = None;
-                *st.count_of(past) -= 1;
+                self.give_slot(st, past);
                 st.finished(tenant);
             }
         }
     }
 
+    /// A request takes a slot: `past` the depth, or within it.
+    fn take_slot(&self, st: &mut State<D>, past: bool) {
+        if past {
+            st.past += 1;
+        } else {
+            self.in_flight[shard()].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A slot taken with [`take_slot`](Self::take_slot) comes back.
+    fn give_slot(&self, st: &mut State<D>, past: bool) {
+        if past {
+            st.past = st.past.saturating_sub(1);
+        } else {
+            self.in_flight[shard()].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// [`pump`](Self::pump) at `now`, with up to `cap` requests at the device.
     fn pump_at(self: &Arc<Self>, st: &mut State<D>, now: Nanos, cap: usize) {
-        while st.in_flight < cap {
+        while self.in_flight() < cap {
             match st.sched.next(now) {
                 Ok(d) => self.deliver(st, d.tenant, d.req, false),
                 Err(Idle::Empty) => break,
@@ -420,37 +632,48 @@ impl<D: BlockDevice + 'static> Shared<D> {
         // component) serves it ahead of the bulk there; held here, it would wait for a bulk
         // write to finish first (through NBD on a loop device: a reader's p50 1.2 ms beside
         // a 2 GB/s writer, against 0.3 ms let through).
-        while st.in_flight >= cap && st.in_flight + st.past < st.depth.max {
+        loop {
+            let n = self.in_flight();
+            if n < cap || n + st.past >= st.depth.max {
+                break;
+            }
             match st.sched.next_interactive(now) {
                 Ok(d) => self.deliver(st, d.tenant, d.req, true),
                 // Held by a limit, or none: the next completion pumps again.
                 Err(_) => break,
             }
         }
-        if st.in_flight >= st.depth.cur {
+        if self.in_flight() >= st.depth.cur {
             st.depth.full = true;
         }
     }
 
-    /// One of `tenant`'s requests left the device; `ended`: how it went, counted in the
-    /// tenant's figures (none for a request whose caller gave up).
-    fn done(self: &Arc<Self>, tenant: TenantId, ended: Option<Ended>, past: bool) {
-        // The clock read before the lock: the lock is held as briefly as it can be (every
-        // request's admission and completion take it, from every worker).
+    /// A request of the tenant counted in `cell` left the device; `ended`: how it went,
+    /// counted in the tenant's figures (none for a request whose caller gave up).
+    ///
+    /// With nothing waiting and at most one tenant busy (the common case of a tenant busy
+    /// on its own) it takes no shared lock and writes no cache line another worker writes:
+    /// its slot and its counts are in this thread's shards. Otherwise the depth's window
+    /// counts it and the freed slot goes to the next request.
+    fn done(self: &Arc<Self>, cell: &Cell, ended: Option<Ended>, past: bool, solo: Option<u64>) {
         let now = self.now();
-        let mut st = self.state.lock();
-        let n = st.count_of(past);
-        *n = n.saturating_sub(1);
-        st.finished(tenant);
-        if let (Some(e), Some(t)) = (ended, st.tallies.get_mut(tenant.0)) {
-            let latency = now.saturating_sub(self.at(e.t0));
-            t.record(e.op, e.class, e.bytes, latency, e.ok);
+        let k = shard();
+        let how = ended.map(|e| (e, now.saturating_sub(self.at(e.t0))));
+        cell.ended(k, how.as_ref().map(|(e, l)| (e, *l)), solo);
+        cell.finished(k);
+        if !past {
+            self.in_flight[k].fetch_sub(1, Ordering::SeqCst);
+            if self.waiting.load(Ordering::SeqCst) == 0 && self.flags.alone.load(Ordering::Relaxed)
+            {
+                return;
+            }
         }
-        let alone = st.alone(now);
-        if alone {
-            // The depth is climbed only where it is used: with tenants sharing.
-            st.depth.restart();
-        } else if !past {
+        let mut st = self.state.lock();
+        if past {
+            st.past = st.past.saturating_sub(1);
+        }
+        let alone = self.look(&mut st, now);
+        if !alone && !past {
             st.depth.completed();
         }
         let cap = st.cap_if(alone);
@@ -469,6 +692,7 @@ impl<D: BlockDevice + 'static> Drop for Waiting<'_, D> {
     fn drop(&mut self) {
         let mut st = self.shared.state.lock();
         if st.waiters.remove(&self.ticket).is_some() {
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
             st.sched.cancel(self.tenant, &self.ticket);
             st.finished(self.tenant);
         }
@@ -486,8 +710,8 @@ struct Ended {
     t0: Instant,
 }
 
-/// A request's slot at the device: [`finish`](Self::finish)ed, or dropped (the request
-/// cancelled, even before it saw the slot), it frees the slot.
+/// A slot handed to a request that waited for it: dropped before it reached its request
+/// (the request cancelled), it frees the slot.
 #[derive(Debug)]
 struct Admitted<D: BlockDevice + 'static> {
     shared: Option<Arc<Shared<D>>>,
@@ -496,19 +720,41 @@ struct Admitted<D: BlockDevice + 'static> {
     past: bool,
 }
 
-impl<D: BlockDevice + 'static> Admitted<D> {
-    /// The request is done: the slot freed and how it went counted.
-    fn finish(mut self, ended: Ended) {
+impl<D: BlockDevice + 'static> Drop for Admitted<D> {
+    fn drop(&mut self) {
         if let Some(s) = self.shared.take() {
-            s.done(self.tenant, Some(ended), self.past);
+            let cell = s.state.lock().cells.get(self.tenant.0).cloned();
+            if let Some(cell) = cell {
+                s.done(&cell, None, self.past, None);
+            }
         }
     }
 }
 
-impl<D: BlockDevice + 'static> Drop for Admitted<D> {
+/// A request's slot at the device, held while it runs: [`finish`](Self::finish)ed, or
+/// dropped (the request cancelled), it frees the slot.
+struct Slot<'a, D: BlockDevice + 'static> {
+    shared: &'a Arc<Shared<D>>,
+    cell: &'a Cell,
+    past: bool,
+    /// Let through without the scheduler: its bytes (counted as served when it ends).
+    solo: Option<u64>,
+    live: bool,
+}
+
+impl<D: BlockDevice + 'static> Slot<'_, D> {
+    /// The request is done: the slot freed and how it went counted.
+    fn finish(mut self, ended: Ended) {
+        self.live = false;
+        self.shared
+            .done(self.cell, Some(ended), self.past, self.solo);
+    }
+}
+
+impl<D: BlockDevice + 'static> Drop for Slot<'_, D> {
     fn drop(&mut self) {
-        if let Some(s) = self.shared.take() {
-            s.done(self.tenant, None, self.past);
+        if self.live {
+            self.shared.done(self.cell, None, self.past, self.solo);
         }
     }
 }
@@ -520,68 +766,82 @@ impl<D: BlockDevice + 'static> Drop for Admitted<D> {
 pub struct Tenant<D: BlockDevice + 'static> {
     shared: Arc<Shared<D>>,
     id: TenantId,
+    /// Its counts (the state holds the same).
+    cell: Arc<Cell>,
     info: DeviceInfo,
 }
 
 impl<D: BlockDevice + 'static> Tenant<D> {
-    /// Waits for the scheduler to let a request of `bytes` through.
-    async fn admit(&self, bytes: u64, class: IoClass, t0: Instant) -> Result<Admitted<D>> {
+    /// A slot for a request of `bytes` at `t0`: at once while this tenant is busy alone
+    /// and owed no reservation nor held to a limit, else when the scheduler lets it through.
+    async fn admit(&self, bytes: u64, class: IoClass, t0: Instant) -> Result<Slot<'_, D>> {
+        let shared = &self.shared;
+        let now = shared.at(t0);
+        let slot = |past, solo| Slot {
+            shared,
+            cell: &self.cell,
+            past,
+            solo,
+            live: true,
+        };
+        let k = shard();
+        if shared.flags.solo.load(Ordering::SeqCst) == self.id.0 + 1 {
+            self.cell.sent(k, now);
+            shared.in_flight[k].fetch_add(1, Ordering::SeqCst);
+            return Ok(slot(false, Some(bytes)));
+        }
         let (rx, ticket) = {
-            let mut st = self.shared.state.lock();
+            let mut st = shared.state.lock();
             let ticket = st.next_ticket;
             st.next_ticket += 1;
-            let now = self.shared.at(t0);
-            if let Some(t) = st.last_sent.get_mut(self.id.0) {
-                *t = Some(now);
-            }
             if st.sched.submit(now, self.id, ticket, bytes, class).is_err() {
                 return Err(Error::Closed {
                     device: self.info.name.clone(),
                 });
             }
-            if let Some(n) = st.outstanding.get_mut(self.id.0) {
-                *n += 1;
-            }
+            self.cell.sent(k, now);
+            let alone = shared.look(&mut st, now);
+            let cap = st.cap_if(alone);
             // Nothing else waits and there is room: through at once (the scheduler still
             // tags and counts it), without a hand-off.
-            let cap = st.cap(now);
-            if st.sched.len() == 1 && st.in_flight < cap {
+            if st.sched.len() == 1 && shared.in_flight() < cap {
                 match st.sched.next(now) {
                     Ok(d) if d.req == ticket => {
-                        st.in_flight += 1;
-                        if st.in_flight >= st.depth.cur {
+                        shared.in_flight[k].fetch_add(1, Ordering::SeqCst);
+                        if shared.in_flight() >= st.depth.cur {
                             st.depth.full = true;
                         }
-                        return Ok(Admitted {
-                            shared: Some(Arc::clone(&self.shared)),
-                            tenant: self.id,
-                            past: false,
-                        });
+                        return Ok(slot(false, None));
                     }
                     // Another's (none should wait when this one is alone, but if one
                     // did it has a waiter): it gets its slot.
-                    Ok(d) => self.shared.deliver(&mut st, d.tenant, d.req, false),
+                    Ok(d) => shared.deliver(&mut st, d.tenant, d.req, false),
                     // Held by its limit: it waits below, the pump sets the wake-up.
                     Err(_) => {}
                 }
             }
             let (tx, rx) = oneshot::channel();
             st.waiters.insert(ticket, tx);
-            self.shared.pump_at(&mut st, now, cap);
+            // Counted waiting before the depth is read again (see `Shared::waiting`).
+            shared.waiting.fetch_add(1, Ordering::SeqCst);
+            shared.pump_at(&mut st, now, cap);
             (rx, ticket)
         };
         // Given up while waiting (the caller's future dropped): out of the scheduler, so it
         // costs its tenant nothing.
         let waiting = Waiting {
-            shared: &self.shared,
+            shared,
             tenant: self.id,
             ticket,
         };
-        let slot = rx.await.map_err(|_| Error::Closed {
-            device: self.info.name.clone(),
-        });
+        let got = rx.await;
         std::mem::forget(waiting);
-        slot
+        let mut admitted = got.map_err(|_| Error::Closed {
+            device: self.info.name.clone(),
+        })?;
+        // The slot is this request's now: freed by the `Slot`.
+        admitted.shared = None;
+        Ok(slot(admitted.past, None))
     }
 
     /// Runs `io` as one of this tenant's requests, counted in its stats.
@@ -593,9 +853,9 @@ impl<D: BlockDevice + 'static> Tenant<D> {
         io: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let t0 = Instant::now();
-        let admitted = self.admit(bytes, opts.class, t0).await?;
+        let slot = self.admit(bytes, opts.class, t0).await?;
         let r = io.await;
-        admitted.finish(Ended {
+        slot.finish(Ended {
             op,
             class: opts.class,
             bytes,
