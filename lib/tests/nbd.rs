@@ -138,6 +138,53 @@ async fn server_errors_reach_the_client_typed() {
     ));
 }
 
+/// Reads and writes of 64 KiB and more run in tasks of their own: many at once, beside small
+/// ones, on a device whose writes fail in one range, each gets its own answer (the failures
+/// as errors, the rest written and read back whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_requests_apart_get_their_own_answers() {
+    use tagstripe::{Fault, FaultDevice, FaultKind, FaultOp};
+    let dev = FaultDevice::new(MemDevice::new("mem", 64 << 11));
+    // Writes within the second 8 MiB fail.
+    dev.inject(Fault {
+        sectors: Some((8 << 11, 16 << 11)),
+        ..Fault::always(FaultOp::Write, FaultKind::Error)
+    });
+    let dev: Arc<dyn DynBlockDevice> = Arc::new(dev);
+    let (base, _s) = start(NbdServer::new(ServerConfig::default()).export("d", dev)).await;
+    let d = Arc::new(NbdDevice::connect(&format!("{base}/d")).await.unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let d = Arc::clone(&d);
+        tasks.push(tokio::spawn(async move {
+            // 1 MiB at MiB i (i in 8..16 fail), and 4 KiB at the end of MiB 32 + i.
+            let big = d
+                .write(i << 11, Bytes::from(pattern(i, 1 << 20)), IoOpts::new())
+                .await;
+            let small = d
+                .write(
+                    ((32 + i) << 11) + 2040,
+                    Bytes::from(pattern(i, 4096)),
+                    IoOpts::new(),
+                )
+                .await;
+            (i, big.is_ok(), small.is_ok())
+        }));
+    }
+    for t in tasks {
+        let (i, big, small) = t.await.unwrap();
+        assert_eq!(big, !(8..16).contains(&i), "1 MiB write at MiB {i}");
+        assert!(small, "4 KiB write {i}");
+    }
+    for i in (0..8u64).chain(16..32) {
+        assert_eq!(
+            d.read(i << 11, 2048, IoOpts::new()).await.unwrap(),
+            pattern(i, 1 << 20),
+            "MiB {i}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Real peers.
 
