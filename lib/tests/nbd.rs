@@ -138,7 +138,7 @@ async fn server_errors_reach_the_client_typed() {
     ));
 }
 
-/// Reads and writes of 64 KiB and more run in tasks of their own: many at once, beside small
+/// Reads and writes of 256 KiB and more run in tasks of their own: many at once, beside small
 /// ones, on a device whose writes fail in one range, each gets its own answer (the failures
 /// as errors, the rest written and read back whole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

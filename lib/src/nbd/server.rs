@@ -793,7 +793,8 @@ impl NbdServer {
     /// connection's task goes on reading requests and sending replies (1 MiB over a Unix
     /// socket, one connection: writes 1,940-1,971 a second in the connection's task,
     /// 2,602-2,676 apart; reads 2,200-2,206 and 3,123-3,152). Smaller ones run in the
-    /// connection's task, where a task each would cost more than it overlaps.
+    /// connection's task, where a task each costs more than it overlaps (64 KiB random
+    /// 50/50, 2 runs of 8 cells: apart, 0-7% fewer IOPS and 10-20% more CPU per GiB).
     async fn run(&self, e: Arc<Served>, class: IoClass, op: Op) -> Done {
         let class = e.export.class.unwrap_or(class);
         let max = u64::from(self.config.max_request);
@@ -867,7 +868,7 @@ enum Event {
 
 /// Reads and writes of this many bytes or more run in a task of their own (see
 /// `Server::run`).
-const APART_FROM: u64 = 64 << 10;
+const APART_FROM: u64 = 256 << 10;
 
 /// The most a `CACHE` request prefetches; the rest of a larger range is a hint ignored.
 const CACHE_MAX: u64 = 128 << 20;
