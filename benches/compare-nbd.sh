@@ -2,13 +2,20 @@
 # Side by side in one run: `tagstripe serve`, nbdkit's file plugin and qemu-nbd serving the
 # same device, driven by fio's nbd engine (libnbd): the matrix of issue 33.
 #   usage: benches/compare-nbd.sh [SECONDS] [RUNS]
-# Devices ($DEVICES, default "shm loop direct"):
+# Devices ($DEVICES, default "shm loop direct stripe stripe-direct"):
 #   shm     a 512 MiB file in /dev/shm, each server as it opens a file by default;
 #   loop    a 2 GiB loop device (backing file on /var/tmp, --direct-io=on) through the page
 #           cache, each server's default;
 #   direct  the loop device with O_DIRECT: `serve --direct` against `qemu-nbd --cache=none
 #           --aio=io_uring` (the ratio is against qemu-nbd alone: nbdkit's file plugin has
 #           no O_DIRECT; its figure, with cache=none, is through the page cache).
+#   stripe  a striped volume of 4 loop devices of 512 MiB (each as the one above; 64 KiB
+#           interleave, each component behind its tagged queue), served by tagstripe, against
+#           tagstripe serving the one 2 GiB loop device: the cost of the layers (goal: the
+#           volume at >= 0.9x of the one device), through the page cache;
+#   stripe-direct  the same with O_DIRECT (`serve --direct` for both).
+#           These rows print the volume, the one device and nbdkit's or qemu-nbd's figure
+#           on the one device (for scale), and the ratio volume / one device.
 # The loop device's page cache is read through before its rows (a server of cached data).
 # Transports ($TRANSPORTS, default "unix tcp"): a Unix socket, TCP on loopback.
 # Jobs ($JOBS, default "1 4"): fio jobs, each its own connection.
@@ -22,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 runs=${2:-1}
-devices=${DEVICES:-shm loop direct}
+devices=${DEVICES:-shm loop direct stripe stripe-direct}
 transports=${TRANSPORTS:-unix tcp}
 jobs_list=${JOBS:-1 4}
 workloads=${WORKLOADS:-4k-randread 4k-randwrite 64k-randrw 1m-write 1m-read}
@@ -47,20 +54,33 @@ cleanup() {
   stop_servers
   [[ -n $loopdev ]] && losetup -d "$loopdev" 2>/dev/null || true
   [[ -n $backing ]] && rm -f "$backing"
+  for d in "${stripes[@]}"; do losetup -d "$d" 2>/dev/null || true; done
+  for b in "${stripe_backing[@]}"; do rm -f "$b"; done
   rm -rf "$dir"
 }
 trap cleanup EXIT INT TERM
 img="$dir/disk.img"
 dd if=/dev/urandom of="$img" bs=1M count=512 status=none
-if [[ $devices == *loop* || $devices == *direct* ]]; then
+stripes=() stripe_backing=()
+if [[ $devices == *loop* || $devices == *direct* || $devices == *stripe* ]]; then
   if [[ $(id -u) -ne 0 ]] || ! command -v losetup >/dev/null; then
     echo "note: not root (or no losetup): the loop-device rows are skipped"
+    devices=${devices//stripe-direct/}
+    devices=${devices//stripe/}
     devices=${devices//loop/}
     devices=${devices//direct/}
   else
     backing=$(mktemp /var/tmp/tagstripe-nbd-loop.XXXXXX)
     dd if=/dev/urandom of="$backing" bs=1M count=2048 oflag=direct status=none
     loopdev=$(losetup -f --show --direct-io=on "$backing")
+    if [[ $devices == *stripe* ]]; then
+      for _ in 1 2 3 4; do
+        b=$(mktemp /var/tmp/tagstripe-nbd-stripe.XXXXXX)
+        stripe_backing+=("$b")
+        dd if=/dev/urandom of="$b" bs=1M count=512 oflag=direct status=none
+        stripes+=("$(losetup -f --show --direct-io=on "$b")")
+      done
+    fi
   fi
 fi
 
@@ -107,6 +127,50 @@ start() { # kind transport
   pid_kit=$(cat "$dir/kit.pid") pid_qemu=$(cat "$dir/qemu.pid")
   servers=("$pid_ts" "$pid_kit" "$pid_qemu")
 }
+# The stripe rows: tagstripe serving the volume of 4 loop devices (pid_ts, uri_ts), tagstripe
+# serving the one loop device (in nbdkit's slot: pid_kit, uri_kit) and the peer on the one
+# device for scale (in qemu-nbd's slot: nbdkit through the page cache, qemu-nbd with O_DIRECT).
+start_stripe() { # kind transport
+  local kind=$1 tr=$2 direct_ts=() a b c
+  local p1=$port p2=$((port + 1)) p3=$((port + 2))
+  port=$((port + 3))
+  if [[ $kind == stripe-direct ]]; then
+    direct_ts=(--direct)
+  else
+    dd if="$loopdev" of=/dev/null bs=1M status=none
+    for d in "${stripes[@]}"; do dd if="$d" of=/dev/null bs=1M status=none; done
+  fi
+  if [[ $tr == unix ]]; then
+    a="unix:$dir/ts.sock" b="unix:$dir/ts1.sock"
+    uri_ts="nbd+unix:///disk?socket=$dir/ts.sock"
+    uri_kit="nbd+unix:///disk?socket=$dir/ts1.sock"
+    uri_qemu="nbd+unix:///disk?socket=$dir/peer.sock"
+  else
+    a="127.0.0.1:$p1" b="127.0.0.1:$p2"
+    uri_ts="nbd://127.0.0.1:$p1/disk"
+    uri_kit="nbd://127.0.0.1:$p2/disk"
+    uri_qemu="nbd://127.0.0.1:$p3/disk"
+  fi
+  "$ts_bin" serve --listen "$a" --export disk "${direct_ts[@]}" "${stripes[@]}" >"$dir/serve.out" 2>&1 &
+  pid_ts=$!
+  "$ts_bin" serve --listen "$b" --export disk "${direct_ts[@]}" "$loopdev" >"$dir/serve1.out" 2>&1 &
+  pid_kit=$!
+  if [[ $kind == stripe-direct ]]; then
+    if [[ $tr == unix ]]; then c=(-k "$dir/peer.sock"); else c=(-b 127.0.0.1 -p "$p3"); fi
+    qemu-nbd -f raw "${c[@]}" -x disk --persistent --fork -e 16 --cache=none --aio=io_uring \
+      --pid-file "$dir/peer.pid" "$loopdev"
+  else
+    if [[ $tr == unix ]]; then c=(--unix "$dir/peer.sock"); else c=(--ipaddr 127.0.0.1 --port "$p3"); fi
+    nbdkit "${c[@]}" --pidfile "$dir/peer.pid" --exportname disk file "$loopdev"
+  fi
+  for f in serve.out serve1.out; do
+    for _ in $(seq 100); do grep -q "listening\|serving" "$dir/$f" 2>/dev/null && break; sleep 0.1; done
+  done
+  sleep 0.3
+  wait_for "$dir/peer.pid"
+  pid_qemu=$(cat "$dir/peer.pid")
+  servers=("$pid_ts" "$pid_kit" "$pid_qemu")
+}
 wait_for() { for _ in $(seq 100); do [[ -e $1 ]] && return; sleep 0.1; done; echo "$1 never appeared"; exit 1; }
 stop() { stop_servers; rm -f "$dir"/*.sock "$dir"/*.pid; }
 
@@ -146,11 +210,19 @@ shape() { # workload -> rw bs depth
 }
 
 mkdir -p "$dir/home/.pki"
-cells=0 met=0 cpu_ok=0
-printf '%-7s %-5s %-4s %-13s %10s %10s %10s %7s   %s\n' device via jobs workload tagstripe nbdkit qemu-nbd ts/best "CPU s/GiB: ts kit qemu"
+cells=0 met=0 cpu_ok=0 scells=0 smet=0
+header=""
 for kind in $devices; do
+  case $kind in
+    stripe*) h=$(printf '%-13s %-5s %-4s %-13s %10s %10s %10s %7s   %s' device via jobs workload volume one-dev peer-one vol/one "CPU s/GiB: volume one peer") ;;
+    *) h=$(printf '%-13s %-5s %-4s %-13s %10s %10s %10s %7s   %s' device via jobs workload tagstripe nbdkit qemu-nbd ts/best "CPU s/GiB: ts kit qemu") ;;
+  esac
+  [[ $h == "$header" ]] || { echo "$h"; header=$h; }
   for tr in $transports; do
-    start "$kind" "$tr"
+    case $kind in
+      stripe*) start_stripe "$kind" "$tr" ;;
+      *) start "$kind" "$tr" ;;
+    esac
     for jobs in $jobs_list; do
       for w in $workloads; do
         read -r rw bs depth <<<"$(shape "$w")"
@@ -162,19 +234,26 @@ for kind in $devices; do
         done
         a=$(median "${ts[@]}") b=$(median "${kit[@]}") c=$(median "${qn[@]}")
         ca=$(median3 "${cts[@]}") cb=$(median3 "${ckit[@]}") cc=$(median3 "${cqn[@]}")
-        best=$b
-        [[ $kind == direct || $c -gt $b ]] && best=$c
-        ratio=$($py -c "print(f'{$a/max($best,1):.2f}')")
-        cells=$((cells + 1))
-        $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && met=$((met + 1))
-        $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
-        printf '%-7s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc"
+        if [[ $kind == stripe* ]]; then
+          ratio=$($py -c "print(f'{$a/max($b,1):.2f}')")
+          scells=$((scells + 1))
+          $py -c "import sys; sys.exit(0 if $a >= 0.9*$b else 1)" && smet=$((smet + 1))
+        else
+          best=$b
+          [[ $kind == direct || $c -gt $b ]] && best=$c
+          ratio=$($py -c "print(f'{$a/max($best,1):.2f}')")
+          cells=$((cells + 1))
+          $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && met=$((met + 1))
+          $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
+        fi
+        printf '%-13s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc"
       done
     done
     stop
   done
 done
-echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells"
+((cells == 0)) || echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells"
+((scells == 0)) || echo "striped volume at >= 0.9x of the one device served alone: $smet of $scells"
 
 [[ $tls == 1 ]] || exit 0
 # TLS: 1 MiB reads, 4 jobs x QD4, on the shm file over Unix sockets, tagstripe and nbdkit

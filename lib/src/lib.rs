@@ -56,6 +56,7 @@ mod model;
 #[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;
 mod open;
+mod shard;
 mod stats;
 mod volume;
 

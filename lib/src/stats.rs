@@ -1,8 +1,11 @@
 //! Per-device statistics in iostat's terms, cheap enough to stay on (a few relaxed atomic
-//! adds per request).
+//! adds per request, in the worker thread's own shard of the counters).
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+use crate::shard::{SHARDS, shard};
 
 use tagstripe_scheduler::IoClass;
 
@@ -35,25 +38,42 @@ fn bucket_top(b: usize) -> u64 {
 }
 
 /// Counters for one device or volume, with latency kept per I/O class.
-#[derive(Debug)]
+///
+/// Each worker thread counts in a shard of its own (made the first time it counts here), so
+/// the workers of a runtime serving one device write no cache line in common; a snapshot
+/// sums the shards.
+#[derive(Default)]
 pub struct Stats {
+    shards: [OnceLock<Box<Shard>>; SHARDS],
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Stats").field(&self.snapshot()).finish()
+    }
+}
+
+/// One thread's counters (on cache lines of their own). A request may begin on one thread
+/// and end on another, so a shard's `in_flight` wraps below zero; the sum over the shards
+/// is the count.
+#[repr(align(128))]
+struct Shard {
     ops: [AtomicU64; 4],
     bytes: [AtomicU64; 2],
     errors: AtomicU64,
     in_flight: AtomicU64,
-    latency: Box<[[AtomicU64; BUCKETS]; 4]>,
+    /// `BUCKETS` per I/O class, class after class.
+    latency: Vec<AtomicU64>,
 }
 
-impl Default for Stats {
-    fn default() -> Self {
+impl Shard {
+    fn new() -> Self {
         Self {
             ops: Default::default(),
             bytes: Default::default(),
             errors: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
-            latency: Box::new(std::array::from_fn(|_| {
-                std::array::from_fn(|_| AtomicU64::new(0))
-            })),
+            latency: (0..4 * BUCKETS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 }
@@ -91,14 +111,31 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.stats.in_flight.fetch_sub(1, Relaxed);
+            self.stats.mine().in_flight.fetch_sub(1, Relaxed);
         }
     }
 }
 
 impl Stats {
+    /// The calling thread's shard, made on its first count.
+    fn mine(&self) -> &Shard {
+        self.shards[shard()].get_or_init(|| Box::new(Shard::new()))
+    }
+
+    /// The shards made so far.
+    fn made(&self) -> impl Iterator<Item = &Shard> {
+        self.shards.iter().filter_map(|s| s.get().map(|b| &**b))
+    }
+
+    /// A counter summed over the shards (wrapping: a shard's in-flight count may be below
+    /// zero).
+    fn sum(&self, f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.made()
+            .fold(0u64, |acc, s| acc.wrapping_add(f(s).load(Relaxed)))
+    }
+
     pub(crate) fn begin(&self) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Relaxed);
+        self.mine().in_flight.fetch_add(1, Relaxed);
         InFlight {
             stats: self,
             ended: false,
@@ -106,17 +143,18 @@ impl Stats {
     }
 
     fn end(&self, op: OpKind, class: IoClass, bytes: u64, latency: Duration, ok: bool) {
-        self.in_flight.fetch_sub(1, Relaxed);
+        let s = self.mine();
+        s.in_flight.fetch_sub(1, Relaxed);
         if !ok {
-            self.errors.fetch_add(1, Relaxed);
+            s.errors.fetch_add(1, Relaxed);
             return;
         }
-        self.ops[op as usize].fetch_add(1, Relaxed);
+        s.ops[op as usize].fetch_add(1, Relaxed);
         if matches!(op, OpKind::Read | OpKind::Write) {
-            self.bytes[op as usize].fetch_add(bytes, Relaxed);
+            s.bytes[op as usize].fetch_add(bytes, Relaxed);
         }
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.latency[class as usize][bucket(ns)].fetch_add(1, Relaxed);
+        s.latency[class as usize * BUCKETS + bucket(ns)].fetch_add(1, Relaxed);
     }
 
     /// Requests in flight and every request started so far: a cheap look at whether the
@@ -128,9 +166,8 @@ impl Stats {
     /// ```
     #[must_use]
     pub fn activity(&self) -> (u64, u64) {
-        let done: u64 =
-            self.ops.iter().map(|o| o.load(Relaxed)).sum::<u64>() + self.errors.load(Relaxed);
-        let now = self.in_flight.load(Relaxed);
+        let done = (0..4).map(|i| self.sum(|s| &s.ops[i])).sum::<u64>() + self.sum(|s| &s.errors);
+        let now = self.sum(|s| &s.in_flight);
         (now, done + now)
     }
 
@@ -142,20 +179,24 @@ impl Stats {
     /// ```
     #[must_use]
     pub fn snapshot(&self) -> StatsSnapshot {
+        let mut latency = vec![vec![0u64; BUCKETS]; 4];
+        for s in self.made() {
+            for (c, h) in latency.iter_mut().enumerate() {
+                for (b, n) in h.iter_mut().enumerate() {
+                    *n += s.latency[c * BUCKETS + b].load(Relaxed);
+                }
+            }
+        }
         StatsSnapshot {
-            reads: self.ops[0].load(Relaxed),
-            writes: self.ops[1].load(Relaxed),
-            flushes: self.ops[2].load(Relaxed),
-            discards: self.ops[3].load(Relaxed),
-            bytes_read: self.bytes[0].load(Relaxed),
-            bytes_written: self.bytes[1].load(Relaxed),
-            errors: self.errors.load(Relaxed),
-            in_flight: self.in_flight.load(Relaxed),
-            latency: self
-                .latency
-                .iter()
-                .map(|h| h.iter().map(|n| n.load(Relaxed)).collect())
-                .collect(),
+            reads: self.sum(|s| &s.ops[0]),
+            writes: self.sum(|s| &s.ops[1]),
+            flushes: self.sum(|s| &s.ops[2]),
+            discards: self.sum(|s| &s.ops[3]),
+            bytes_read: self.sum(|s| &s.bytes[0]),
+            bytes_written: self.sum(|s| &s.bytes[1]),
+            errors: self.sum(|s| &s.errors),
+            in_flight: self.sum(|s| &s.in_flight),
+            latency,
         }
     }
 }
@@ -403,5 +444,49 @@ mod tests {
         assert!((p99 - 33.165).abs() < 33.165 / 60.0, "p99 {p99} ms");
         assert_eq!(snap.class_completions(IoClass::Interactive), 100);
         assert_eq!(snap.class_latency_percentile(IoClass::Bulk, 50.0), None);
+    }
+
+    #[test]
+    fn requests_begun_on_one_thread_and_ended_on_others_add_up() {
+        let s = Stats::default();
+        // 64 requests begin here; half end on four other threads, each in its own shard.
+        let mut begun: Vec<InFlight<'_>> = (0..64).map(|_| s.begin()).collect();
+        assert_eq!(s.activity(), (64, 64));
+        let mut moved: Vec<InFlight<'_>> = begun.drain(..32).collect();
+        std::thread::scope(|scope| {
+            while !moved.is_empty() {
+                let mine: Vec<InFlight<'_>> = moved.drain(..8).collect();
+                scope.spawn(move || {
+                    for f in mine {
+                        f.end(
+                            OpKind::Write,
+                            IoClass::Bulk,
+                            4096,
+                            Duration::from_micros(7),
+                            true,
+                        );
+                    }
+                });
+            }
+        });
+        // One fails, one is dropped (cancelled), the rest end here.
+        begun.pop().expect("begun").end(
+            OpKind::Read,
+            IoClass::Interactive,
+            512,
+            Duration::ZERO,
+            false,
+        );
+        drop(begun.pop());
+        let snap = s.snapshot();
+        assert_eq!(snap.writes, 32);
+        assert_eq!(snap.bytes_written, 32 * 4096);
+        assert_eq!(snap.errors, 1);
+        assert_eq!(snap.in_flight, 30);
+        assert_eq!(snap.class_completions(IoClass::Bulk), 32);
+        assert_eq!(s.activity(), (30, 63));
+        drop(begun);
+        assert_eq!(s.snapshot().in_flight, 0);
+        assert!(format!("{s:?}").contains("writes: 32"));
     }
 }

@@ -36,7 +36,7 @@ impl Drop for Grant {
             let mut g = inner.lock();
             let now = g.now();
             let _ = g.q.handle_completion(now, self.tag, Outcome::Failed);
-            pump(&inner, &mut g);
+            pump(&inner, &mut g, now);
         }
     }
 }
@@ -165,15 +165,15 @@ impl Drop for TagGuard<'_> {
             let mut g = self.inner.lock();
             let now = g.now();
             let _ = g.q.handle_completion(now, tag, Outcome::Failed);
-            let _ = pump(self.inner, &mut g);
+            let _ = pump(self.inner, &mut g, now);
         }
     }
 }
 
 /// Dispatches whatever the queue allows, hands the grants out, and arms the timer. A grant
 /// for the request submitted in this same critical section (`Waiter::Inline`) is returned.
-fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
-    let now = g.now();
+/// `now` is the queue's clock, read by the caller under the same lock.
+fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner, now: u64) -> Option<(Tag, TagKind)> {
     let mut inline = None;
     while let Some(d) = g.q.poll_dispatch(now) {
         let tx = match d.req {
@@ -236,7 +236,7 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner) -> Option<(Tag, TagKind)> {
                     g.timer_at = None;
                     let now = g.now();
                     g.q.handle_timeout(now);
-                    let _ = pump(&shared, &mut g);
+                    let _ = pump(&shared, &mut g, now);
                 });
             }
         }
@@ -395,7 +395,7 @@ impl<D: BlockDevice> Queue<D> {
                 .map_err(|_| Error::QueueFull {
                     device: self.dev.info().name.clone(),
                 })?;
-        if let Some((tag, kind)) = pump(&self.inner, &mut g) {
+        if let Some((tag, kind)) = pump(&self.inner, &mut g, now) {
             return Ok((Acquired::Now(tag, kind), now));
         }
         let (tx, rx) = oneshot::channel();
@@ -475,7 +475,7 @@ impl<D: BlockDevice> Queue<D> {
             }
         };
         // Nothing here was submitted inline, so `pump` hands out no inline grant.
-        let _ = pump(&self.inner, &mut g);
+        let _ = pump(&self.inner, &mut g, now);
         (again, now)
     }
 
@@ -838,7 +838,8 @@ impl QueueHandle {
     pub fn set_openings(&self, openings: u32) {
         let mut g = self.inner.lock();
         g.q.set_openings(openings);
-        let _ = pump(&self.inner, &mut g);
+        let now = g.now();
+        let _ = pump(&self.inner, &mut g, now);
     }
 
     /// How long the queue pauses after the device answers BUSY (or QUEUE FULL with nothing
@@ -865,7 +866,8 @@ impl QueueHandle {
         let nanos = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
         let mut g = self.inner.lock();
         g.q.set_busy_delay(nanos);
-        let _ = pump(&self.inner, &mut g);
+        let now = g.now();
+        let _ = pump(&self.inner, &mut g, now);
     }
 
     /// Commands of `class` at the device now.

@@ -21,6 +21,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+
+use crate::shard::{Padded, SHARDS, shard};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -115,33 +117,6 @@ impl Depth {
         self.count = 0;
         self.since = Instant::now();
         self.full = false;
-    }
-}
-
-/// Shards of the per-request counts. A request counts itself in its worker thread's shard
-/// (threads take shards in turn), so two workers serving one tenant busy alone write no
-/// cache line in common; the sums are read where a decision needs them.
-const SHARDS: usize = 8;
-
-/// The shard the calling thread counts in.
-fn shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-    }
-    SHARD.with(|s| *s)
-}
-
-/// A value on cache lines of its own: what one core writes for every request does not
-/// evict what another reads (two lines: adjacent-line prefetch pairs them).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Padded<T>(T);
-
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
     }
 }
 
