@@ -185,6 +185,59 @@ async fn large_requests_apart_get_their_own_answers() {
     }
 }
 
+/// Small ops finished together are answered in batched writes: a burst of 4 KiB reads,
+/// some failing, and writes beside them, 256 at once on one connection, each gets its own
+/// answer (the right block's bytes, or the error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_small_replies_batched_keeps_each_answer_its_own() {
+    use tagstripe::{Fault, FaultDevice, FaultKind, FaultOp};
+    let mem = MemDevice::new("mem", 8 << 11);
+    for b in 0..128u64 {
+        mem.write(b * 8, Bytes::from(pattern(b, 4096)), IoOpts::new())
+            .await
+            .unwrap();
+    }
+    let dev = FaultDevice::new(mem);
+    // Reads of blocks 32..48 fail.
+    dev.inject(Fault {
+        sectors: Some((32 * 8, 48 * 8)),
+        ..Fault::always(FaultOp::Read, FaultKind::Error)
+    });
+    let dev: Arc<dyn DynBlockDevice> = Arc::new(dev);
+    let (base, _s) = start(NbdServer::new(ServerConfig::default()).export("d", dev)).await;
+    let d = Arc::new(NbdDevice::connect(&format!("{base}/d")).await.unwrap());
+    for round in 0..4u64 {
+        let mut tasks = Vec::new();
+        for b in 0..128u64 {
+            let d = Arc::clone(&d);
+            tasks.push(tokio::spawn(async move {
+                let read = d.read(b * 8, 8, IoOpts::new()).await;
+                let w = 1024 + round * 128 + b;
+                let wrote = d
+                    .write((128 + b) * 8, Bytes::from(pattern(w, 4096)), IoOpts::new())
+                    .await;
+                (b, read, wrote.is_ok())
+            }));
+        }
+        for t in tasks {
+            let (b, read, wrote) = t.await.unwrap();
+            if (32..48).contains(&b) {
+                assert!(read.is_err(), "block {b}: its read fails");
+            } else {
+                assert_eq!(read.unwrap(), pattern(b, 4096), "block {b}");
+            }
+            assert!(wrote, "write beside block {b}");
+        }
+        for b in 0..128u64 {
+            assert_eq!(
+                d.read((128 + b) * 8, 8, IoOpts::new()).await.unwrap(),
+                pattern(1024 + round * 128 + b, 4096),
+                "round {round}, written block {b}"
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Real peers.
 

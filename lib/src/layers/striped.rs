@@ -367,7 +367,19 @@ impl Striped {
         parts: Vec<Bytes>,
         opts: IoOpts,
     ) -> Result<()> {
-        let pieces = self.pieces(start, sectors)?;
+        let merged = self.geometry.map(start, sectors)?.merged();
+        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
+            // One piece (the common small write): straight to its component (or its mirror
+            // sides), nothing gathered.
+            let _intent = self.intent(std::slice::from_ref(&p)).await?;
+            let parts = &parts;
+            return self
+                .on_sides(&p, move |c| {
+                    self.components[c].write_vectored(p.cblk, parts.clone(), opts)
+                })
+                .await;
+        }
+        let pieces: Vec<Piece> = merged.collect();
         let _intent = self.intent(&pieces).await?;
         let (parts, all_pieces) = (&parts, &pieces);
         let writes = gather(&pieces)

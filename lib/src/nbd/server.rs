@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tagstripe_scheduler::IoClass;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, UnixListener};
@@ -755,7 +755,21 @@ impl NbdServer {
                 () = evict, if negotiating && !d.evicted => Event::Evict,
             };
             match event {
-                Event::Done((id, res)) => s.complete(id, res),
+                Event::Done((id, len, res)) => {
+                    s.complete(id, res);
+                    // Ops that finish as they are polled (cached reads, writes to the page
+                    // cache) are run on and answered in the same write, up to BATCH_BYTES
+                    // of payload: one send (and one wakeup of the client) for a burst of
+                    // small replies, not one each; a large op's reply goes out at once.
+                    let mut batch = len;
+                    while batch < BATCH_BYTES {
+                        let Some(Some((id, len, res))) = running.next().now_or_never() else {
+                            break;
+                        };
+                        batch += len;
+                        s.complete(id, res);
+                    }
+                }
                 Event::Read(Ok(0) | Err(_)) => {
                     eof = true;
                     s.end_of_input();
@@ -815,7 +829,7 @@ impl NbdServer {
         if let (Some(c), Ok(_)) = (counter, &res) {
             c.fetch_add(len, Relaxed);
         }
-        (id, res)
+        (id, if counter.is_some() { len } else { 0 }, res)
     }
 }
 
@@ -855,8 +869,8 @@ struct Drive<'a> {
     class: IoClass,
 }
 
-/// An op's id and outcome.
-type Done = (u64, Result<Outcome, Failure>);
+/// An op's id, the bytes it moved (reads and writes) and its outcome.
+type Done = (u64, u64, Result<Outcome, Failure>);
 
 enum Event {
     Done(Done),
@@ -865,6 +879,13 @@ enum Event {
     Timeout,
     Evict,
 }
+
+/// Replies batched into one write while their ops moved fewer bytes than this (see
+/// `Server::drive`). Measured, one connection over a Unix socket, a file in /dev/shm,
+/// alternated: 4 KiB random reads at QD32 1.19-1.26x the IOPS of a send per reply, random
+/// writes 1.08-1.10x (4 connections: 1.47-1.49x), at 15-30% less CPU per GiB; batching
+/// without a bound cost 64 KiB random 50/50 5-7%.
+const BATCH_BYTES: u64 = 64 << 10;
 
 /// Reads and writes of this many bytes or more run in a task of their own (see
 /// `Server::run`).
