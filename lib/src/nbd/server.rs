@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use tagstripe_scheduler::IoClass;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
@@ -682,7 +682,7 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let (mut r, w) = tokio::io::split(stream);
-        let mut w = BufWriter::with_capacity(256 << 10, w);
+        let (mut w, mut out) = (w, Vec::new());
         let mut stop = self.stop.subscribe();
         let deadline = tokio::time::sleep_until(d.deadline);
         tokio::pin!(deadline);
@@ -694,17 +694,13 @@ impl NbdServer {
         loop {
             // The counters follow the session as it goes.
             self.count(s.stats(), d);
-            // Send what is ready (the budget of what was sent is freed as it is taken).
-            let mut wrote = false;
-            while let Some(b) = s.take_output() {
-                if !broken && w.write_all(&b).await.is_err() {
-                    broken = true;
-                }
-                wrote = true;
-            }
-            if wrote && !broken && w.flush().await.is_err() {
+            // Send what is ready (the budget of what was sent is freed as it is taken), in
+            // one gathered write where the stream takes one.
+            out.extend(std::iter::from_fn(|| s.take_output()));
+            if !out.is_empty() && !broken && send_all(&mut w, &out).await.is_err() {
                 broken = true;
             }
+            out.clear();
             if broken && !eof {
                 // The client is gone: answer nothing more, finish what is in flight.
                 eof = true;
@@ -712,7 +708,7 @@ impl NbdServer {
             }
             if s.take_starttls() && !broken {
                 // Negotiation has nothing in flight: the stream goes to the handshake.
-                return Some(r.unsplit(w.into_inner()));
+                return Some(r.unsplit(w));
             }
             while let Some(op) = s.poll_op() {
                 // The export cannot change once ops flow: looked up once per connection.
@@ -796,7 +792,6 @@ impl NbdServer {
                 }
             }
         }
-        let _ = w.flush().await;
         let _ = w.shutdown().await;
         None
     }
@@ -831,6 +826,56 @@ impl NbdServer {
         }
         (id, if counter.is_some() { len } else { 0 }, res)
     }
+}
+
+/// Writes `chunks` (replies' headers and payloads, as the session gives them) one after
+/// the other: gathered into as few writes as the stream takes (`writev`, 64 chunks at a
+/// time) where it writes vectors, so that a payload is not copied on its way to the kernel;
+/// else copied into one buffer first, so that each chunk is not a write (and a TLS record)
+/// of its own.
+async fn send_all<W: AsyncWrite + Unpin>(w: &mut W, chunks: &[Bytes]) -> std::io::Result<()> {
+    if chunks.len() > 1 && !w.is_write_vectored() {
+        let mut all = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
+        for c in chunks {
+            all.extend_from_slice(c);
+        }
+        w.write_all(&all).await?;
+        return w.flush().await;
+    }
+    // The first chunk not yet sent whole, and how much of it was.
+    let (mut i, mut sent) = (0, 0);
+    loop {
+        // Past what was sent whole (and empty chunks): a write then has bytes to take.
+        while i < chunks.len() && chunks[i].len() == sent {
+            i += 1;
+            sent = 0;
+        }
+        if i == chunks.len() {
+            break;
+        }
+        let slices: Vec<std::io::IoSlice<'_>> = chunks[i..]
+            .iter()
+            .take(64)
+            .enumerate()
+            .map(|(k, c)| std::io::IoSlice::new(if k == 0 { &c[sent..] } else { c }))
+            .collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < chunks.len() {
+            let left = chunks[i].len() - sent;
+            if n < left {
+                sent += n;
+                n = 0;
+            } else {
+                n -= left;
+                i += 1;
+                sent = 0;
+            }
+        }
+    }
+    w.flush().await
 }
 
 /// Asks for a 4 MiB send buffer on a Unix-socket connection (the kernel caps it at
@@ -1055,5 +1100,91 @@ fn protocol(what: impl Into<String>) -> Error {
     Error::Protocol {
         peer: "client".to_owned(),
         what: what.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream that takes at most `most` bytes a write, gathered or not as `vectored` says,
+    /// and counts its writes.
+    struct Trickle {
+        got: Vec<u8>,
+        most: usize,
+        vectored: bool,
+        writes: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.most);
+            self.got.extend_from_slice(&buf[..n]);
+            self.writes += 1;
+            Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let mut left = self.most;
+            for b in bufs {
+                let n = b.len().min(left);
+                self.got.extend_from_slice(&b[..n]);
+                left -= n;
+            }
+            self.writes += 1;
+            Poll::Ready(Ok(self.most - left))
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.vectored
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn replies_are_sent_whole_and_in_order_however_the_stream_takes_them() {
+        // 100 chunks of 0..=40 bytes (empty ones too), some past 64 to a write.
+        let chunks: Vec<Bytes> = (0..100u8)
+            .map(|i| Bytes::from(vec![i; usize::from(i % 41)]))
+            .chain((0..70).map(|_| Bytes::new()))
+            .chain([Bytes::from_static(b"end")])
+            .collect();
+        let want: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        for (most, vectored) in [(7, true), (1 << 20, true), (5, false), (1 << 20, false)] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                most,
+                vectored,
+                writes: 0,
+            };
+            send_all(&mut w, &chunks).await.unwrap();
+            assert_eq!(w.got, want, "{most} a write, vectored {vectored}");
+            if most == 1 << 20 {
+                // Gathered: 64 chunks a write; else one buffer, one write.
+                assert_eq!(w.writes, if vectored { 3 } else { 1 });
+            }
+        }
+        // A stream that takes nothing is an error, not a loop.
+        let mut w = Trickle {
+            got: Vec::new(),
+            most: 0,
+            vectored: true,
+            writes: 0,
+        };
+        let e = send_all(&mut w, &chunks).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WriteZero);
     }
 }
