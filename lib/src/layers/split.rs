@@ -76,16 +76,33 @@ impl<D: BlockDevice> Split<D> {
         // write without it, then a flush.
         let durable = opts.fua || self.force_fua;
         let fua = durable && self.info.caps.fua;
-        let parts = &parts;
-        let writes = pieces.map(|p| {
-            let off = ((p.start - start) * 512) as usize;
-            let part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
-            self.dev.write_vectored(p.start, part, opts.fua(fua))
-        });
-        crate::device::all(writes).await?;
+        if pieces.clone().next().is_some_and(|p| p.sectors == sectors) {
+            // Not split (the common small write): the parts go down as they are.
+            self.dev.write_vectored(start, parts, opts.fua(fua)).await?;
+        } else {
+            self.write_pieces(start, pieces, &parts, opts.fua(fua))
+                .await?;
+        }
         if durable && !fua {
             self.dev.flush(opts.fua(false)).await?;
         }
+        Ok(())
+    }
+
+    /// The pieces of a split write, each one command (gathered if it spans several parts).
+    async fn write_pieces(
+        &self,
+        start: u64,
+        pieces: impl Iterator<Item = tagstripe_quirks::Piece>,
+        parts: &[Bytes],
+        opts: IoOpts,
+    ) -> Result<()> {
+        let writes = pieces.map(|p| {
+            let off = ((p.start - start) * 512) as usize;
+            let part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
+            self.dev.write_vectored(p.start, part, opts)
+        });
+        crate::device::all(writes).await?;
         Ok(())
     }
 }
