@@ -62,35 +62,57 @@ async fn volume_reads(vol: &Volume, next: &mut u64, buf: &mut [u8]) {
     black_box(&*buf);
 }
 
-/// The 1 MiB ratio measured pairwise: each round times 16 MiB from the devices directly, then
-/// 16 MiB through the volume, back to back, so that drift hits both alike.
-fn paired(rt: &tokio::runtime::Runtime, vol: &Volume, devs: &[Arc<MemDevice>], buf: &mut [u8]) {
+/// 16 MiB written as the volume lays it out (a 256 KiB piece to each device per MiB) straight
+/// to the devices: the same bytes into the same pages, without the stack.
+async fn same_pages_written(devs: &[Arc<MemDevice>], at: &mut u64, data: &Bytes) {
+    let piece = 256 << 10;
+    for _ in 0..16 {
+        *at = (*at + 512) % COMP_SECTORS;
+        for (i, d) in devs.iter().enumerate() {
+            d.write(*at, data.slice(i * piece..(i + 1) * piece), IoOpts::new())
+                .await
+                .expect("in range");
+        }
+    }
+}
+
+/// 16 MiB of 1 MiB volume writes.
+async fn volume_writes(vol: &Volume, next: &mut u64, data: &Bytes) {
+    let total = vol.info().sectors;
+    for _ in 0..16 {
+        *next = (*next + 2048) % total;
+        vol.write(*next, data.clone(), IoOpts::new())
+            .await
+            .expect("in range");
+    }
+}
+
+/// A 1 MiB ratio measured pairwise: each round times 16 MiB to or from the devices directly
+/// (`direct`), then 16 MiB through the volume (`stacked`), back to back, so that drift hits
+/// both alike; printed as the median of the rounds with its quartiles.
+fn paired(what: &str, mut direct: impl FnMut(), mut stacked: impl FnMut()) {
     let rounds = if std::env::args().any(|a| a == "--test") {
         3
     } else {
         300
     };
-    // The two walk disjoint halves of the devices, so that neither warms the other's cache
-    // (the L3 here is large enough to hold a good part of the volume).
-    let (mut at, mut next) = (0u64, vol.info().sectors / 2);
     let mut ratios: Vec<f64> = (0..rounds)
         .map(|_| {
             let t = std::time::Instant::now();
-            rt.block_on(same_pages(devs, &mut at, buf));
-            let direct = t.elapsed().as_secs_f64();
+            direct();
+            let d = t.elapsed().as_secs_f64();
             let t = std::time::Instant::now();
-            rt.block_on(volume_reads(vol, &mut next, buf));
-            direct / t.elapsed().as_secs_f64()
+            stacked();
+            d / t.elapsed().as_secs_f64()
         })
         .collect();
     ratios.sort_by(f64::total_cmp);
     let q = |f: f64| ratios[((ratios.len() - 1) as f64 * f) as usize] * 100.0;
     println!(
-        "stack/1m paired: volume-read-into at {:.1}% of memcpy-same-pages (median of {rounds} \
-         rounds; quartiles {:.1}%..{:.1}%)",
-        q(0.5),
+        "stack/1m paired: {what} (median of {rounds} rounds; quartiles {:.1}%..{:.1}%): {:.1}%",
         q(0.25),
-        q(0.75)
+        q(0.75),
+        q(0.5)
     );
 }
 
@@ -149,7 +171,22 @@ fn bench_stack(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("1m", "volume-read-into"), |b| {
         b.iter(|| rt.block_on(volume_reads(&vol, &mut next, &mut buf)));
     });
-    paired(&rt, &vol, &devs, &mut buf);
+    // The two of each pair walk disjoint halves of the devices, so that neither warms the
+    // other's cache (the L3 here is large enough to hold a good part of the volume).
+    let (mut at, mut next) = (0u64, total / 2);
+    let mut dst = vec![0u8; 1 << 20];
+    paired(
+        "volume-read-into against memcpy-same-pages",
+        || rt.block_on(same_pages(&devs, &mut at, &mut dst)),
+        || rt.block_on(volume_reads(&vol, &mut next, &mut buf)),
+    );
+    let data = Bytes::from(mib.clone());
+    let (mut at, mut next) = (0u64, total / 2);
+    paired(
+        "volume-write against memcpy-same-pages-written",
+        || rt.block_on(same_pages_written(&devs, &mut at, &data)),
+        || rt.block_on(volume_writes(&vol, &mut next, &data)),
+    );
     g.bench_function(BenchmarkId::new("1m", "volume-read"), |b| {
         b.iter(|| {
             rt.block_on(async {
@@ -160,7 +197,6 @@ fn bench_stack(c: &mut Criterion) {
             })
         })
     });
-    let data = Bytes::from(mib.clone());
     g.bench_function(BenchmarkId::new("1m", "volume-write"), |b| {
         b.iter(|| {
             rt.block_on(async {
