@@ -89,6 +89,8 @@ port=$((20000 + RANDOM % 20000))
 # the pids pid_ts, pid_kit, pid_qemu.
 start() { # kind transport
   local kind=$1 tr=$2 path direct_ts=() kit_cache=() qemu_cache=()
+  # What the rows before wrote is on its way to the disk first, not under these rows.
+  sync
   case $kind in
     shm) path=$img ;;
     loop) path=$loopdev
@@ -132,6 +134,7 @@ start() { # kind transport
 # device for scale (in qemu-nbd's slot: nbdkit through the page cache, qemu-nbd with O_DIRECT).
 start_stripe() { # kind transport
   local kind=$1 tr=$2 direct_ts=() a b c
+  sync
   local p1=$port p2=$((port + 1)) p3=$((port + 2))
   port=$((port + 3))
   if [[ $kind == stripe-direct ]]; then

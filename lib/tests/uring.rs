@@ -68,7 +68,9 @@ fn uring_reads_back_what_it_wrote_concurrently() {
                             .await
                             .unwrap();
                         assert_eq!(dev.read(i * 16, 16, IoOpts::new()).await.unwrap(), data);
-                        // read_into, through the buffer pool, twice (the second reuses).
+                        // read_into, twice (straight into the buffer where the read
+                        // cannot wait, else through the buffer pool, which the second
+                        // reuses).
                         for _ in 0..2 {
                             let mut buf = vec![0u8; 8192];
                             dev.read_into(i * 16, &mut buf, IoOpts::new())
@@ -76,6 +78,17 @@ fn uring_reads_back_what_it_wrote_concurrently() {
                                 .unwrap();
                             assert_eq!(buf, data);
                         }
+                        // Vectored: three buffers of 1, 4 and 3 KiB, in order.
+                        let (mut a, mut b, mut c) =
+                            (vec![0u8; 1024], vec![0u8; 4096], vec![0u8; 3072]);
+                        dev.read_vectored_into(
+                            i * 16,
+                            vec![&mut a[..], &mut b[..], &mut c[..]],
+                            IoOpts::new(),
+                        )
+                        .await
+                        .unwrap();
+                        assert_eq!([a, b, c].concat(), data);
                     })
                 })
                 .collect();
@@ -92,6 +105,20 @@ fn uring_reads_back_what_it_wrote_concurrently() {
                 dev.read(8192, 1, IoOpts::new()).await,
                 Err(Error::OutOfRange { .. })
             ));
+            // Vectored past the end, or not whole sectors: refused, the buffers untouched.
+            let (mut a, mut b) = (vec![7u8; 512], vec![7u8; 1024]);
+            assert!(matches!(
+                dev.read_vectored_into(8190, vec![&mut a[..], &mut b[..]], IoOpts::new())
+                    .await,
+                Err(Error::OutOfRange { .. })
+            ));
+            let mut odd = vec![7u8; 100];
+            assert!(
+                dev.read_vectored_into(0, vec![&mut a[..], &mut odd[..]], IoOpts::new())
+                    .await
+                    .is_err()
+            );
+            assert!(a.iter().chain(&b).chain(&odd).all(|&x| x == 7));
         });
         let raw = std::fs::read(&path).unwrap();
         assert_eq!(

@@ -493,13 +493,18 @@ impl UringDevice {
     }
 
     /// Reads into a pooled buffer; returns it with where the data starts.
-    async fn read_raw(&self, start: u64, sectors: u64) -> Result<(Vec<u8>, usize)> {
+    async fn read_raw(
+        &self,
+        start: u64,
+        sectors: u64,
+        try_inline: bool,
+    ) -> Result<(Vec<u8>, usize)> {
         let len = sectors as usize * 512;
         let n = ring_len(len).map_err(self.io("read", start, sectors))?;
         // The kernel reads into a buffer the ring owns (never the caller's, which a dropped
         // future would leave the kernel writing into).
         let (mut buf, off) = self.pooled(len);
-        if self.read_inline(&mut buf[off..off + len], start * 512) {
+        if try_inline && self.read_inline(&mut [&mut buf[off..off + len]], start * 512) {
             return Ok((buf, off));
         }
         let fd = types::Fd(self.shared.file.as_raw_fd());
@@ -522,9 +527,11 @@ impl UringDevice {
             .map_err(self.io("read", start, sectors))
     }
 
-    /// Reads `buf` at `offset` on this thread if that cannot wait for a device (see
-    /// [`Inline`]); false if it was not done (then nothing of `buf` is to be trusted).
-    fn read_inline(&self, buf: &mut [u8], offset: u64) -> bool {
+    /// Reads `bufs`, one after the other, at `offset` on this thread if that cannot wait for
+    /// a device (see [`Inline`]); false if it was not done (then nothing of `bufs` is to be
+    /// trusted). Synchronous: the kernel is done with the buffers when it returns, so they
+    /// may be the caller's own.
+    fn read_inline(&self, bufs: &mut [&mut [u8]], offset: u64) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let flags = match &self.inline {
             Inline::Never => return false,
@@ -535,15 +542,40 @@ impl UringDevice {
         let Ok(off) = libc::off_t::try_from(offset) else {
             return false;
         };
-        let iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
+        // At most IOV_MAX (1,024) vectors to a call.
+        if bufs.is_empty() || bufs.len() > 1024 {
+            return false;
+        }
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let vector = |b: &mut &mut [u8]| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
         };
-        // SAFETY: the iovec names `buf`, which is live and exclusively borrowed for the call;
-        // the kernel writes at most `buf.len()` bytes into it and nothing after the call
-        // returns (a synchronous read). The fd is owned by the live `File` in `shared`.
-        // Exercised by the io_uring tests on files (page cache) and tmpfs.
-        let n = unsafe { libc::preadv2(self.shared.file.as_raw_fd(), &iov, 1, off, flags) };
+        // One buffer (the common case) needs no allocation.
+        let (one, many): ([libc::iovec; 1], Vec<libc::iovec>) = if bufs.len() == 1 {
+            ([vector(&mut bufs[0])], Vec::new())
+        } else {
+            let none = libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            };
+            ([none], bufs.iter_mut().map(vector).collect())
+        };
+        let iov: &[libc::iovec] = if many.is_empty() { &one } else { &many };
+        // SAFETY: each iovec names one of `bufs`, live and exclusively borrowed for the
+        // call; the kernel writes at most each one's length into it and nothing after the
+        // call returns (a synchronous read). The count is at most 1,024 (checked above). The
+        // fd is owned by the live `File` in `shared`. Exercised by the io_uring tests on
+        // files (page cache) and tmpfs, whole and vectored.
+        let n = unsafe {
+            libc::preadv2(
+                self.shared.file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                off,
+                flags,
+            )
+        };
         if n < 0 {
             if let Inline::NoWait(on) = &self.inline {
                 if io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
@@ -553,7 +585,7 @@ impl UringDevice {
             return false;
         }
         // A short read (part cached, or past the end) goes to the ring whole.
-        n as usize == buf.len()
+        n as usize == want
     }
 
     /// Writes `data` at `offset` on this thread if the file lives in memory (tmpfs: a copy
@@ -731,7 +763,7 @@ impl BlockDevice for UringDevice {
 
     async fn read(&self, start: u64, sectors: u64, _opts: IoOpts) -> Result<Bytes> {
         self.info.check(start, sectors)?;
-        let (buf, off) = self.read_raw(start, sectors).await?;
+        let (buf, off) = self.read_raw(start, sectors, true).await?;
         let len = sectors as usize * 512;
         // The buffer goes back to the pool when the caller drops the bytes: no allocation,
         // zeroing or page faults per read once the pool is warm.
@@ -747,9 +779,35 @@ impl BlockDevice for UringDevice {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
         let len = buf.len();
-        // The copy is the price of never letting the kernel write into the caller's buffer.
-        let (v, off) = self.read_raw(start, sectors).await?;
+        // What cannot wait is read straight into the caller's buffer (synchronously).
+        if self.read_inline(&mut [&mut *buf], start * 512) {
+            return Ok(());
+        }
+        // Else through the ring: the copy is the price of never letting the kernel write into
+        // the caller's buffer after a dropped future.
+        let (v, off) = self.read_raw(start, sectors, false).await?;
         buf.copy_from_slice(&v[off..off + len]);
+        self.give_back(v);
+        Ok(())
+    }
+
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        mut bufs: Vec<&mut [u8]>,
+        _opts: IoOpts,
+    ) -> Result<()> {
+        let sectors = crate::device::check_bufs(&self.info, start, &bufs)?;
+        if self.read_inline(&mut bufs, start * 512) {
+            return Ok(());
+        }
+        let (v, off) = self.read_raw(start, sectors, false).await?;
+        let mut at = off;
+        for b in bufs {
+            let n = b.len();
+            b.copy_from_slice(&v[at..at + n]);
+            at += n;
+        }
         self.give_back(v);
         Ok(())
     }
