@@ -802,12 +802,7 @@ impl BlockDevice for UringDevice {
             return Ok(());
         }
         let (v, off) = self.read_raw(start, sectors, false).await?;
-        let mut at = off;
-        for b in bufs {
-            let n = b.len();
-            b.copy_from_slice(&v[at..at + n]);
-            at += n;
-        }
+        crate::device::scatter(&v[off..], bufs);
         self.give_back(v);
         Ok(())
     }

@@ -125,6 +125,16 @@ pub(crate) fn slice_parts(parts: &[Bytes], from: usize, len: usize) -> Vec<Bytes
     out
 }
 
+/// Copies `whole` into `bufs`, one after the other (their lengths add up to at most its).
+pub(crate) fn scatter(whole: &[u8], bufs: Vec<&mut [u8]>) {
+    let mut at = 0;
+    for b in bufs {
+        let n = b.len();
+        b.copy_from_slice(&whole[at..at + n]);
+        at += n;
+    }
+}
+
 /// Runs every piece of a request to the end, then reports the first error. Never returns
 /// while a piece is still running: a piece abandoned at the first error could still land
 /// after a later request (a discard zeroing a newer write), which would break ordering.

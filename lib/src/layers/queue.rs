@@ -691,6 +691,38 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         self.read_piece(start, buf, opts).await
     }
 
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        mut bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let sectors = crate::device::check_bufs(self.dev.info(), start, &bufs)?;
+        if self.pieces(OpKind::Read, opts, sectors).is_some() {
+            // Shaped into pieces: read whole through them, then laid out.
+            let mut whole = vec![0u8; sectors as usize * 512];
+            self.read_into(start, &mut whole, opts).await?;
+            crate::device::scatter(&whole, bufs);
+            return Ok(());
+        }
+        // One command, the buffers lent to each attempt (again after QUEUE FULL or BUSY).
+        let mut r = self.begin(OpKind::Read, sectors * 512, opts).await?;
+        loop {
+            let res = match r.attempt().await {
+                Ok(kind) => {
+                    let lent: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut **b).collect();
+                    self.dev
+                        .read_vectored_into(start, lent, with_kind(opts, kind))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Some(done) = r.answer(res) {
+                return done;
+            }
+        }
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         self.dev.info().check_write(start, data.len())?;
         self.write_parts(start, vec![data], opts).await

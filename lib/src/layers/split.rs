@@ -143,6 +143,25 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         Ok(())
     }
 
+    async fn read_vectored_into(
+        &self,
+        start: u64,
+        bufs: Vec<&mut [u8]>,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let sectors = crate::device::check_bufs(&self.info, start, &bufs)?;
+        let pieces = self.splitter.split(Op::Read, start, sectors)?;
+        if pieces.clone().next().is_some_and(|p| p.sectors == sectors) {
+            // Not split: the buffers go down as they are.
+            return self.dev.read_vectored_into(start, bufs, opts).await;
+        }
+        // Split: read whole through the pieces, then laid out.
+        let mut whole = vec![0u8; sectors as usize * 512];
+        self.read_into(start, &mut whole, opts).await?;
+        crate::device::scatter(&whole, bufs);
+        Ok(())
+    }
+
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         self.write_parts(start, sectors, vec![data], opts).await
