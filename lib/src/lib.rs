@@ -47,6 +47,7 @@ pub use tagstripe_scheduler as scheduler;
 pub use tagstripe_striping as striping;
 
 mod backend;
+mod buffers;
 pub mod crash;
 mod device;
 mod error;

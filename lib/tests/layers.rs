@@ -865,3 +865,40 @@ fn vectored_reads_through_queue_and_split_land_in_order_after_retries() {
         assert_eq!([a, b].concat(), &data[1536..1536 + 45 * 512]);
     });
 }
+
+/// A read of several pieces is gathered into a kept buffer: read after read (and after a read
+/// that failed part-way) each gets its own bytes, never what the buffer held before.
+#[test]
+fn gathered_reads_reuse_buffers_and_show_only_their_own_bytes() {
+    rt().block_on(async {
+        let mut comps = mem(3, 2048);
+        let faulty = FaultDevice::new(MemDevice::new("f", 2048));
+        // The 3rd read at the fourth component fails.
+        faulty.inject(Fault {
+            nth: Some(3),
+            ..Fault::always(FaultOp::Read, FaultKind::Error)
+        });
+        comps.push(Arc::new(faulty));
+        let vol = Volume::builder(comps)
+            .interleave(8)
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        let total = vol.info().sectors;
+        let data = pattern(total as usize * 512, 3);
+        vol.write(0, data.clone(), IoOpts::new()).await.unwrap();
+        let mut failed = 0;
+        for round in 0..12u64 {
+            // 64 sectors: 8 pieces over the 4 components.
+            let at = (round * 40) % (total - 64);
+            match vol.read(at, 64, IoOpts::new()).await {
+                Ok(b) => {
+                    let from = at as usize * 512;
+                    assert_eq!(b, data.slice(from..from + 64 * 512), "round {round}");
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        assert_eq!(failed, 1, "the one injected failure, and no other");
+    });
+}

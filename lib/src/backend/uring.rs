@@ -128,18 +128,13 @@ struct Shared {
     /// The task that reaps completions, bound to the runtime it was started on.
     reaper: Mutex<Option<JoinHandle<()>>>,
     /// Read buffers of `read_into`, reused: no allocation, zeroing or page faults per read.
-    pool: Mutex<Vec<Vec<u8>>>,
+    pool: Arc<crate::buffers::BufferPool>,
 }
 
 impl Shared {
     /// Keeps `v` for the next read, within the pool's bounds.
     fn give_back(&self, v: Vec<u8>) {
-        if v.len() <= POOL_MAX_BYTES {
-            let mut pool = self.pool.lock();
-            if pool.len() < POOL_BUFFERS {
-                pool.push(v);
-            }
-        }
+        self.pool.give_back(v);
     }
 }
 
@@ -153,33 +148,6 @@ fn on_tmpfs(f: &File) -> bool {
     // SAFETY: initialised by the successful call above (and zeroed before it anyway).
     rc == 0 && unsafe { st.assume_init() }.f_type == libc::TMPFS_MAGIC
 }
-
-/// A read's bytes in a pool buffer, returned to the pool when the last `Bytes` over it is
-/// dropped (the device may be gone by then: the buffer is then freed).
-struct Pooled {
-    buf: Vec<u8>,
-    off: usize,
-    len: usize,
-    shared: Weak<Shared>,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[self.off..self.off + self.len]
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        if let Some(s) = self.shared.upgrade() {
-            s.give_back(std::mem::take(&mut self.buf));
-        }
-    }
-}
-
-/// Buffers kept in the pool, and the largest kept.
-const POOL_BUFFERS: usize = 64;
-const POOL_MAX_BYTES: usize = 4 << 20;
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -435,7 +403,7 @@ impl UringDevice {
                 }),
                 file,
                 reaper: Mutex::new(None),
-                pool: Mutex::new(Vec::new()),
+                pool: Arc::default(),
             }),
         })
     }
@@ -696,14 +664,7 @@ impl UringDevice {
     /// where the data goes.
     fn pooled(&self, len: usize) -> (Vec<u8>, usize) {
         let room = len + if self.direct { 4096 } else { 0 };
-        let found = {
-            let mut pool = self.shared.pool.lock();
-            let at = pool
-                .iter()
-                .position(|b| b.len() >= room && b.len() <= room * 2);
-            at.map(|i| pool.swap_remove(i))
-        };
-        match found {
+        match self.shared.pool.take(room) {
             Some(v) => {
                 let off = if self.direct {
                     align_gap(v.as_ptr())
@@ -767,12 +728,12 @@ impl BlockDevice for UringDevice {
         let len = sectors as usize * 512;
         // The buffer goes back to the pool when the caller drops the bytes: no allocation,
         // zeroing or page faults per read once the pool is warm.
-        Ok(Bytes::from_owner(Pooled {
+        Ok(crate::buffers::BufferPool::bytes(
+            &self.shared.pool,
             buf,
             off,
             len,
-            shared: Arc::downgrade(&self.shared),
-        }))
+        ))
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], _opts: IoOpts) -> Result<()> {

@@ -53,6 +53,8 @@ pub struct Striped {
     keeper: std::sync::OnceLock<crate::layers::mirror::metadata::Keeper>,
     /// Where the volume's mirror events go (drops, resyncs), if anyone listens.
     events: std::sync::OnceLock<crate::layers::mirror::resync::EventSink>,
+    /// Buffers for reads of several pieces gathered into one (kept, not zeroed anew).
+    gathered: Arc<crate::buffers::BufferPool>,
 }
 
 fn side_code(s: Side) -> u8 {
@@ -124,6 +126,7 @@ impl Striped {
             dropping: Mutex::new(()),
             keeper: std::sync::OnceLock::new(),
             events: std::sync::OnceLock::new(),
+            gathered: Arc::default(),
             info,
             geometry,
             erased: components.iter().map(Component::erased).collect(),
@@ -569,10 +572,22 @@ impl BlockDevice for Striped {
             // One piece: the component's bytes as they come, no copy here.
             return self.read_piece(p, opts).await;
         }
-        // Several: each read straight into its place in one buffer (one copy, not two).
-        let mut buf = vec![0u8; sectors as usize * 512];
-        self.read_into(start, &mut buf, opts).await?;
-        Ok(Bytes::from(buf))
+        // Several: each read straight into its place in one buffer (one copy, not two), a
+        // kept one where there is one (every byte of it is read over).
+        let len = sectors as usize * 512;
+        let mut buf = self.gathered.take(len).unwrap_or_else(|| vec![0u8; len]);
+        match self.read_into(start, &mut buf[..len], opts).await {
+            Ok(()) => Ok(crate::buffers::BufferPool::bytes(
+                &self.gathered,
+                buf,
+                0,
+                len,
+            )),
+            Err(e) => {
+                self.gathered.give_back(buf);
+                Err(e)
+            }
+        }
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
