@@ -520,16 +520,14 @@ impl UringDevice {
             iov_len: b.len(),
         };
         // One buffer (the common case) needs no allocation.
-        let (one, many): ([libc::iovec; 1], Vec<libc::iovec>) = if bufs.len() == 1 {
-            ([vector(&mut bufs[0])], Vec::new())
+        let (one, many): ([libc::iovec; 1], Vec<libc::iovec>);
+        let iov: &[libc::iovec] = if let [b] = bufs {
+            one = [vector(b)];
+            &one
         } else {
-            let none = libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            };
-            ([none], bufs.iter_mut().map(vector).collect())
+            many = bufs.iter_mut().map(vector).collect();
+            &many
         };
-        let iov: &[libc::iovec] = if many.is_empty() { &one } else { &many };
         // SAFETY: each iovec names one of `bufs`, live and exclusively borrowed for the
         // call; the kernel writes at most each one's length into it and nothing after the
         // call returns (a synchronous read). The count is at most 1,024 (checked above). The
