@@ -458,3 +458,88 @@ fn uring_gathered_writes_land_in_order() {
     }
     std::fs::remove_file(&path).unwrap();
 }
+
+/// `read_to_send` through the page cache answers a cached range of 32 KiB or more with a
+/// view of the cached pages (a later write shows through the bytes held: no copy was made),
+/// and everything else (a small read, a range not cached, O_DIRECT) with a copy; the data
+/// is right either way, and a range past the end is refused as `read` refuses it. Both
+/// backends that open files: io_uring and the file backend.
+#[test]
+fn read_to_send_views_cached_pages_and_copies_the_rest() {
+    // Not tmpfs: its pages cannot be dropped from the cache.
+    let dir = std::path::PathBuf::from("/var/tmp");
+    for (uring, direct) in [(true, false), (true, true), (false, false), (false, true)] {
+        let path = dir.join(format!(
+            "tagstripe-send-{}-{uring}-{direct}.img",
+            std::process::id()
+        ));
+        drop(FileDevice::create(&path, 8192, FileOptions::default()).unwrap());
+        let dev: Arc<dyn DynBlockDevice> = if uring {
+            let Some(d) = open(&path, direct) else {
+                std::fs::remove_file(&path).unwrap();
+                return;
+            };
+            Arc::new(d)
+        } else {
+            let opts = FileOptions {
+                direct,
+                ..FileOptions::default()
+            };
+            Arc::new(FileDevice::open(&path, opts).unwrap())
+        };
+        let what = format!("io_uring {uring}, O_DIRECT {direct}");
+        rt().block_on(async {
+            let (a, b) = (vec![0xa5u8; 1 << 20], vec![0x5au8; 1 << 20]);
+            dev.write(0, Bytes::from(a.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            let held = dev.read_to_send(0, 2048, IoOpts::new()).await.unwrap();
+            let small = dev.read_to_send(0, 8, IoOpts::new()).await.unwrap();
+            assert!(held == a && small == a[..4096], "{what}");
+            dev.write(0, Bytes::from(b.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(small, a[..4096], "a small read is a copy ({what})");
+            if direct {
+                assert_eq!(held, a, "O_DIRECT reads are copies ({what})");
+            } else {
+                assert_eq!(
+                    held, b,
+                    "a cached range is a view of the page cache ({what})"
+                );
+            }
+            // A range written, made durable and dropped from the page cache: read from the
+            // file, into a copy.
+            let c = vec![0x3cu8; 1 << 20];
+            dev.write(4096, Bytes::from(c.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            dev.flush(IoOpts::new()).await.unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            // SAFETY: an advisory call on a descriptor we hold open; it touches no memory.
+            let rc = unsafe {
+                use std::os::fd::AsRawFd;
+                libc::posix_fadvise(f.as_raw_fd(), 2 << 20, 1 << 20, libc::POSIX_FADV_DONTNEED)
+            };
+            assert_eq!(rc, 0);
+            let cold = dev.read_to_send(4096, 2048, IoOpts::new()).await.unwrap();
+            assert_eq!(cold, c, "{what}");
+            dev.write(4096, Bytes::from(a.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(cold, c, "a range not cached is read into a copy ({what})");
+            // Out of range: refused, as by `read`.
+            assert!(matches!(
+                dev.read_to_send(8192 - 64, 128, IoOpts::new()).await,
+                Err(Error::OutOfRange { .. })
+            ));
+            let tail = dev
+                .read_to_send(8192 - 64, 64, IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(tail, vec![0u8; 32768], "{what}");
+        });
+        drop(dev);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -90,6 +90,8 @@ pub struct FileDevice {
     info: DeviceInfo,
     file: Arc<File>,
     direct: bool,
+    /// Its pages mapped for [`BlockDevice::read_to_send`] (not with `O_DIRECT`).
+    mapped: super::mapped::LazyMapped,
 }
 
 impl FileDevice {
@@ -131,6 +133,7 @@ impl FileDevice {
             info,
             file: Arc::new(file),
             direct: opts.direct,
+            mapped: super::mapped::LazyMapped::default(),
         })
     }
 
@@ -178,6 +181,7 @@ impl FileDevice {
             info,
             file: Arc::new(file),
             direct: opts.direct,
+            mapped: super::mapped::LazyMapped::default(),
         })
     }
 
@@ -282,6 +286,18 @@ impl BlockDevice for FileDevice {
             Ok(Bytes::from(v).slice(off..off + len))
         })
         .await
+    }
+
+    /// A view of the page cache where the whole range is cached (see
+    /// [`BlockDevice::read_to_send`]); else a read.
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        if !self.direct {
+            if let Some(b) = self.mapped.cached(&self.file, &self.info, start, sectors) {
+                return Ok(b);
+            }
+        }
+        self.read(start, sectors, opts).await
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {

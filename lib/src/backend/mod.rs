@@ -2,6 +2,7 @@
 
 mod fault;
 mod file;
+mod mapped;
 mod mem;
 mod sim;
 #[cfg(feature = "uring")]

@@ -294,6 +294,8 @@ pub struct UringDevice {
     /// Writes are `pwrite`s, not ring entries: a block device opened without `O_DIRECT`
     /// (see [`BufferedWrites`]); `None` otherwise.
     buffered: Option<BufferedWrites>,
+    /// Its pages mapped for [`BlockDevice::read_to_send`] (not with `O_DIRECT`).
+    mapped: super::mapped::LazyMapped,
 }
 
 /// How writes to a block device through its page cache are done. The kernel cannot do
@@ -392,6 +394,7 @@ impl UringDevice {
                 pool_until: std::sync::atomic::AtomicU64::new(0),
             }),
             direct: opts.direct,
+            mapped: super::mapped::LazyMapped::default(),
             shared: Arc::new(Shared {
                 ring: Mutex::new(Ring {
                     cap: ring.params().cq_entries() as usize,
@@ -732,6 +735,21 @@ impl BlockDevice for UringDevice {
             off,
             len,
         ))
+    }
+
+    /// A view of the page cache where the whole range is cached (see
+    /// [`BlockDevice::read_to_send`]); else a read.
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        if !self.direct {
+            if let Some(b) = self
+                .mapped
+                .cached(&self.shared.file, &self.info, start, sectors)
+            {
+                return Ok(b);
+            }
+        }
+        self.read(start, sectors, opts).await
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], _opts: IoOpts) -> Result<()> {

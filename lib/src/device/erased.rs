@@ -41,6 +41,8 @@ pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
     fn erased_caps(&self) -> Caps;
     /// [`BlockDevice::read`](crate::BlockDevice::read).
     fn erased_read(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes>;
+    /// [`BlockDevice::read_to_send`](crate::BlockDevice::read_to_send).
+    fn erased_read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes>;
     /// [`BlockDevice::read_into`](crate::BlockDevice::read_into).
     fn erased_read_into<'a>(
         &'a self,
@@ -89,6 +91,9 @@ impl<D: BlockDevice> DynBlockDevice for D {
     }
     fn erased_read(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes> {
         Box::pin(self.read(start, sectors, opts))
+    }
+    fn erased_read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes> {
+        Box::pin(self.read_to_send(start, sectors, opts))
     }
     fn erased_read_into<'a>(
         &'a self,
@@ -152,6 +157,14 @@ impl BlockDevice for dyn DynBlockDevice + '_ {
         opts: IoOpts,
     ) -> impl Future<Output = Result<Bytes>> + Send {
         self.erased_read(start, sectors, opts)
+    }
+    fn read_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
+        self.erased_read_to_send(start, sectors, opts)
     }
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         // The boxed future lives as long as the shorter of `self` and `buf`; the `async fn`

@@ -3,7 +3,7 @@
 //! ([`IoOpts`], [`Zeroes`], [`Extent`]), the object-safe [`DynBlockDevice`] for devices of
 //! different types behind one pointer, and the checks every implementation shares.
 
-/// Writes the nine I/O methods of a [`BlockDevice`] impl that hands every request on to
+/// Writes the ten I/O methods of a [`BlockDevice`] impl that hands every request on to
 /// another device, once, for every such impl (`Arc<D>`, a mirror's `Slot`, ...): the
 /// forwarding boilerplate in one place. `|self| DEV` names the device (evaluated once per
 /// request). `direct` returns the inner device's futures as they are (no state machine of
@@ -17,6 +17,14 @@ macro_rules! forward_io {
             opts: $crate::IoOpts,
         ) -> impl Future<Output = $crate::Result<bytes::Bytes>> + Send {
             $dev.read(start, sectors, opts)
+        }
+        fn read_to_send(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<bytes::Bytes>> + Send {
+            $dev.read_to_send(start, sectors, opts)
         }
         fn read_into(
             &$s,
@@ -86,6 +94,14 @@ macro_rules! forward_io {
             opts: $crate::IoOpts,
         ) -> $crate::Result<bytes::Bytes> {
             $dev.read(start, sectors, opts).await
+        }
+        async fn read_to_send(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<bytes::Bytes> {
+            $dev.read_to_send(start, sectors, opts).await
         }
         async fn read_into(
             &$s,
@@ -230,6 +246,38 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         sectors: u64,
         opts: IoOpts,
     ) -> impl Future<Output = Result<Bytes>> + Send;
+
+    /// Reads `sectors` sectors from `start` for a caller that sends the bytes on at once (a
+    /// server answering a read over a socket) and drops them once sent. A device through the
+    /// page cache may answer with a view of the cached pages themselves instead of a copy
+    /// ([`UringDevice`](crate::UringDevice) does, for reads of 32 KiB and more whose pages are
+    /// all cached): such bytes show any later write to those sectors for as long as they are
+    /// held, so they are no snapshot. Use [`read`](Self::read) for data that is kept,
+    /// compared or computed on (parity, a mirror's resync, a recording). The default is
+    /// `read`; a layer that changes or accounts its requests keeps it. As with any mapping of
+    /// a file, a file shrunk by another process while such bytes are held faults (`SIGBUS`)
+    /// where they are read past its new end in user space; the kernel's socket write reports
+    /// `EFAULT` instead, and a range past the end when the read is made is read, not viewed.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// d.write(8, Bytes::from(vec![9u8; 4096]), IoOpts::new()).await?;
+    /// let out = d.read_to_send(8, 8, IoOpts::new()).await?;
+    /// assert!(out.iter().all(|&b| b == 9));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn read_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
+        self.read(start, sectors, opts)
+    }
 
     /// Reads `buf.len()` bytes (whole sectors) from `start` into `buf`: the path with no
     /// allocation, for callers that reuse buffers. The default reads and copies; backends
