@@ -938,6 +938,19 @@ impl BlockDevice for Volume {
         .await
     }
 
+    /// As [`read`](BlockDevice::read); a read of one piece is its component's
+    /// `read_to_send`.
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        let bytes = sectors.saturating_mul(512);
+        self.timed(
+            OpKind::Read,
+            opts.class,
+            bytes,
+            self.striped.read_to_send(start, sectors, opts),
+        )
+        .await
+    }
+
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let bytes = buf.len() as u64;
         self.timed(

@@ -543,3 +543,58 @@ fn read_to_send_views_cached_pages_and_copies_the_rest() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+/// Through a volume's layers (striped, split, tagged queue) over io_uring devices through
+/// the page cache: a `read_to_send` of one interleave piece is its component's view (a later
+/// write shows through), one of several pieces is gathered into a copy; both right, queued
+/// or not.
+#[test]
+fn volume_read_to_send_views_one_piece_and_gathers_several() {
+    for queued in [true, false] {
+        let dir = std::path::PathBuf::from("/var/tmp");
+        let paths: Vec<_> = (0..4)
+            .map(|i| {
+                dir.join(format!(
+                    "tagstripe-vsend-{}-{queued}-{i}.img",
+                    std::process::id()
+                ))
+            })
+            .collect();
+        let mut comps: Vec<Arc<dyn DynBlockDevice>> = Vec::new();
+        for p in &paths {
+            drop(FileDevice::create(p, 4096, FileOptions::default()).unwrap());
+            let Some(d) = open(p, false) else {
+                return;
+            };
+            comps.push(Arc::new(d));
+        }
+        rt().block_on(async {
+            let vol = Volume::builder(comps)
+                .interleave(128)
+                .quirks(QuirkSet::empty())
+                .queue(queued)
+                .build()
+                .unwrap();
+            let (a, b) = (vec![0x11u8; 256 << 10], vec![0x22u8; 256 << 10]);
+            vol.write(0, Bytes::from(a.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            let one = vol.read_to_send(128, 128, IoOpts::new()).await.unwrap();
+            let several = vol.read_to_send(0, 512, IoOpts::new()).await.unwrap();
+            assert!(one == a[..64 << 10] && several == a, "queued {queued}");
+            vol.write(0, Bytes::from(b.clone()), IoOpts::new())
+                .await
+                .unwrap();
+            assert_eq!(one, b[..64 << 10], "one piece is a view (queued {queued})");
+            assert_eq!(several, a, "several pieces are a copy (queued {queued})");
+            assert!(matches!(
+                vol.read_to_send(vol.info().sectors, 128, IoOpts::new())
+                    .await,
+                Err(Error::OutOfRange { .. })
+            ));
+        });
+        for p in &paths {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+}

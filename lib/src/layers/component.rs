@@ -61,6 +61,9 @@ impl BlockDevice for Component {
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         each!(self, d => d.read(start, sectors, opts))
     }
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        each!(self, d => d.read_to_send(start, sectors, opts))
+    }
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         each!(self, d => d.read_into(start, buf, opts))
     }

@@ -479,6 +479,29 @@ impl<D: BlockDevice> Queue<D> {
         (again, now)
     }
 
+    /// A read into bytes of the device's (`send`: its `read_to_send`), or into one buffer
+    /// when the policy cuts it into pieces.
+    async fn read_bytes(&self, start: u64, sectors: u64, opts: IoOpts, send: bool) -> Result<Bytes>
+    where
+        D: BlockDevice,
+    {
+        self.dev.info().check(start, sectors)?;
+        if self.pieces(OpKind::Read, opts, sectors).is_some() {
+            let mut v = vec![0u8; sectors as usize * 512];
+            self.read_into(start, &mut v, opts).await?;
+            return Ok(Bytes::from(v));
+        }
+        self.run(OpKind::Read, sectors * 512, opts, |k| async move {
+            let opts = with_kind(opts, k);
+            if send {
+                self.dev.read_to_send(start, sectors, opts).await
+            } else {
+                self.dev.read(start, sectors, opts).await
+            }
+        })
+        .await
+    }
+
     fn meta(op: OpKind, opts: IoOpts, sectors: u64) -> Meta {
         let dir = if op == OpKind::Read {
             Dir::Read
@@ -663,16 +686,13 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     }
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.dev.info().check(start, sectors)?;
-        if self.pieces(OpKind::Read, opts, sectors).is_some() {
-            let mut v = vec![0u8; sectors as usize * 512];
-            self.read_into(start, &mut v, opts).await?;
-            return Ok(Bytes::from(v));
-        }
-        self.run(OpKind::Read, sectors * 512, opts, |k| {
-            self.dev.read(start, sectors, with_kind(opts, k))
-        })
-        .await
+        self.read_bytes(start, sectors, opts, false).await
+    }
+
+    /// As [`read`](Self::read), each attempt the device's `read_to_send` (a request cut
+    /// into pieces by the policy is read into one buffer, a copy).
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.read_bytes(start, sectors, opts, true).await
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {

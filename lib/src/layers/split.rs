@@ -107,22 +107,44 @@ impl<D: BlockDevice> Split<D> {
     }
 }
 
+impl<D: BlockDevice> Split<D> {
+    /// A read into bytes: the device's as they come when not split (`send`: its
+    /// `read_to_send`), else each piece straight into its place in one buffer (one copy,
+    /// not two).
+    async fn read_bytes(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+        send: bool,
+    ) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        let first = self.splitter.split(Op::Read, start, sectors)?.next();
+        if first.is_some_and(|p| p.sectors == sectors) {
+            return if send {
+                self.dev.read_to_send(start, sectors, opts).await
+            } else {
+                self.dev.read(start, sectors, opts).await
+            };
+        }
+        let mut buf = vec![0u8; sectors as usize * 512];
+        self.read_into(start, &mut buf, opts).await?;
+        Ok(Bytes::from(buf))
+    }
+}
+
 impl<D: BlockDevice> BlockDevice for Split<D> {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.info.check(start, sectors)?;
-        let first = self.splitter.split(Op::Read, start, sectors)?.next();
-        if first.is_some_and(|p| p.sectors == sectors) {
-            // Not split: the device's bytes as they come.
-            return self.dev.read(start, sectors, opts).await;
-        }
-        // Split: each piece read straight into its place (one copy, not two).
-        let mut buf = vec![0u8; sectors as usize * 512];
-        self.read_into(start, &mut buf, opts).await?;
-        Ok(Bytes::from(buf))
+        self.read_bytes(start, sectors, opts, false).await
+    }
+
+    /// As [`read`](Self::read), through the device's `read_to_send` when not split.
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.read_bytes(start, sectors, opts, true).await
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {

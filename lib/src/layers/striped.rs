@@ -407,18 +407,58 @@ impl Striped {
         Ok(())
     }
 
-    async fn read_piece(&self, p: Piece, opts: IoOpts) -> Result<Bytes> {
+    async fn read_piece(&self, p: Piece, opts: IoOpts, send: bool) -> Result<Bytes> {
         let (first, other) = self.sides(&p);
-        match self.components[first].read(p.cblk, p.count, opts).await {
+        let read = |c: usize| async move {
+            let c = &self.components[c];
+            if send {
+                c.read_to_send(p.cblk, p.count, opts).await
+            } else {
+                c.read(p.cblk, p.count, opts).await
+            }
+        };
+        match read(first).await {
             Ok(b) => Ok(b),
             Err(e) => {
                 let Some(other) = other else {
                     return Err(component(first, Some(p.lblk), e));
                 };
-                self.components[other]
-                    .read(p.cblk, p.count, opts)
+                read(other)
                     .await
                     .map_err(|_| component(first, Some(p.lblk), e))
+            }
+        }
+    }
+
+    /// A read into bytes: one piece's as its component gives them (`send`: its
+    /// `read_to_send`); several gathered into one buffer.
+    async fn read_bytes(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+        send: bool,
+    ) -> Result<Bytes> {
+        self.info.check(start, sectors)?;
+        let first = self.geometry.map(start, sectors)?.merged().next();
+        if let Some(p) = first.filter(|p| p.count == sectors) {
+            // One piece: the component's bytes as they come, no copy here.
+            return self.read_piece(p, opts, send).await;
+        }
+        // Several: each read straight into its place in one buffer (one copy, not two), a
+        // kept one where there is one (every byte of it is read over).
+        let len = sectors as usize * 512;
+        let mut buf = self.gathered.take(len).unwrap_or_else(|| vec![0u8; len]);
+        match self.read_into(start, &mut buf[..len], opts).await {
+            Ok(()) => Ok(crate::buffers::BufferPool::bytes(
+                &self.gathered,
+                buf,
+                0,
+                len,
+            )),
+            Err(e) => {
+                self.gathered.give_back(buf);
+                Err(e)
             }
         }
     }
@@ -566,28 +606,12 @@ impl BlockDevice for Striped {
     }
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.info.check(start, sectors)?;
-        let first = self.geometry.map(start, sectors)?.merged().next();
-        if let Some(p) = first.filter(|p| p.count == sectors) {
-            // One piece: the component's bytes as they come, no copy here.
-            return self.read_piece(p, opts).await;
-        }
-        // Several: each read straight into its place in one buffer (one copy, not two), a
-        // kept one where there is one (every byte of it is read over).
-        let len = sectors as usize * 512;
-        let mut buf = self.gathered.take(len).unwrap_or_else(|| vec![0u8; len]);
-        match self.read_into(start, &mut buf[..len], opts).await {
-            Ok(()) => Ok(crate::buffers::BufferPool::bytes(
-                &self.gathered,
-                buf,
-                0,
-                len,
-            )),
-            Err(e) => {
-                self.gathered.give_back(buf);
-                Err(e)
-            }
-        }
+        self.read_bytes(start, sectors, opts, false).await
+    }
+
+    /// As [`read`](Self::read); a read of one piece is its component's `read_to_send`.
+    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+        self.read_bytes(start, sectors, opts, true).await
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
