@@ -951,6 +951,23 @@ impl BlockDevice for Volume {
         .await
     }
 
+    /// As [`read`](BlockDevice::read), each interleave unit as its component gives it.
+    async fn read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> Result<Vec<Bytes>> {
+        let bytes = sectors.saturating_mul(512);
+        self.timed(
+            OpKind::Read,
+            opts.class,
+            bytes,
+            self.striped.read_parts_to_send(start, sectors, opts),
+        )
+        .await
+    }
+
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let bytes = buf.len() as u64;
         self.timed(

@@ -238,46 +238,61 @@ async fn a_burst_of_small_replies_batched_keeps_each_answer_its_own() {
     }
 }
 
-/// A file served as `serve` opens one: its cached reads of 32 KiB and more go out as views
-/// of the page cache (`read_to_send`). Rounds of writes over every region, each followed by
-/// reads of it (whole, and a 64 KiB piece) while the other regions are written: every read
-/// sees the write before it, never an older or a neighbour's; a region never written reads
-/// as zeroes (sent as a hole).
+/// A file served as `serve` opens one, and a striped volume of four: cached reads of 32 KiB
+/// and more go out as views of the page cache (`read_to_send`, and for the volume each
+/// piece's view, `read_parts_to_send`). Rounds of writes over every region, each followed
+/// by reads of it (whole, and a 64 KiB piece) while the other regions are written: every
+/// read sees the write before it, never an older or a neighbour's; a region never written
+/// reads as zeroes (sent as a hole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_sent_from_the_page_cache_see_every_write_before_them() {
     let dir = scratch("views");
-    let img = dir.join("disk.img");
-    std::fs::write(&img, vec![0u8; 9 << 20]).unwrap();
-    let dev = tagstripe::open(img.to_str().unwrap(), &tagstripe::OpenOptions::new())
-        .await
-        .unwrap();
-    let (base, _s) = start(NbdServer::new(ServerConfig::default()).export("d", dev)).await;
-    let d = Arc::new(NbdDevice::connect(&format!("{base}/d")).await.unwrap());
-    const REGION: u64 = 1024; // sectors: 512 KiB
-    for round in 0..6u64 {
-        let mut tasks = Vec::new();
-        for r in 0..16u64 {
-            let d = Arc::clone(&d);
-            tasks.push(tokio::spawn(async move {
-                let want = pattern(round * 16 + r, (REGION * 512) as usize);
-                d.write(r * REGION, Bytes::from(want.clone()), IoOpts::new())
-                    .await
-                    .unwrap();
-                let whole = d.read(r * REGION, REGION, IoOpts::new()).await.unwrap();
-                assert!(whole == want, "round {round}, region {r}");
-                let piece = d.read(r * REGION + 256, 128, IoOpts::new()).await.unwrap();
-                assert!(
-                    piece == want[256 * 512..384 * 512],
-                    "round {round}, region {r}"
-                );
-            }));
+    for files in [1usize, 4] {
+        let mut comps = Vec::new();
+        for i in 0..files {
+            let img = dir.join(format!("disk{files}-{i}.img"));
+            std::fs::write(&img, vec![0u8; (9 << 20) / files]).unwrap();
+            let opts = tagstripe::OpenOptions::new();
+            comps.push(tagstripe::open(img.to_str().unwrap(), &opts).await.unwrap());
         }
-        for t in tasks {
-            t.await.unwrap();
+        let dev: Arc<dyn DynBlockDevice> = if files == 1 {
+            comps.remove(0)
+        } else {
+            let vol = Volume::builder(comps)
+                .interleave(128)
+                .quirks(QuirkSet::empty())
+                .build()
+                .unwrap();
+            Arc::new(vol)
+        };
+        let (base, _s) = start(NbdServer::new(ServerConfig::default()).export("d", dev)).await;
+        let d = Arc::new(NbdDevice::connect(&format!("{base}/d")).await.unwrap());
+        const REGION: u64 = 1024; // sectors: 512 KiB
+        for round in 0..6u64 {
+            let mut tasks = Vec::new();
+            for r in 0..16u64 {
+                let d = Arc::clone(&d);
+                tasks.push(tokio::spawn(async move {
+                    let want = pattern(round * 16 + r, (REGION * 512) as usize);
+                    d.write(r * REGION, Bytes::from(want.clone()), IoOpts::new())
+                        .await
+                        .unwrap();
+                    let whole = d.read(r * REGION, REGION, IoOpts::new()).await.unwrap();
+                    assert!(whole == want, "{files} files, round {round}, region {r}");
+                    let piece = d.read(r * REGION + 192, 128, IoOpts::new()).await.unwrap();
+                    assert!(
+                        piece == want[192 * 512..320 * 512],
+                        "{files} files, round {round}, region {r}"
+                    );
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
         }
+        let untouched = d.read(16 * REGION, 1024, IoOpts::new()).await.unwrap();
+        assert!(untouched.iter().all(|&b| b == 0), "{files} files");
     }
-    let untouched = d.read(16 * REGION, 2048, IoOpts::new()).await.unwrap();
-    assert!(untouched.iter().all(|&b| b == 0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

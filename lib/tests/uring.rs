@@ -546,8 +546,8 @@ fn read_to_send_views_cached_pages_and_copies_the_rest() {
 
 /// Through a volume's layers (striped, split, tagged queue) over io_uring devices through
 /// the page cache: a `read_to_send` of one interleave piece is its component's view (a later
-/// write shows through), one of several pieces is gathered into a copy; both right, queued
-/// or not.
+/// write shows through), one of several pieces is gathered into a copy, and
+/// `read_parts_to_send` gives each piece as its component's view; all right, queued or not.
 #[test]
 fn volume_read_to_send_views_one_piece_and_gathers_several() {
     for queued in [true, false] {
@@ -582,11 +582,27 @@ fn volume_read_to_send_views_one_piece_and_gathers_several() {
             let one = vol.read_to_send(128, 128, IoOpts::new()).await.unwrap();
             let several = vol.read_to_send(0, 512, IoOpts::new()).await.unwrap();
             assert!(one == a[..64 << 10] && several == a, "queued {queued}");
+            // In parts: each piece its component's view, in volume order (from mid-piece).
+            let parts = vol
+                .read_parts_to_send(64, 448, IoOpts::new())
+                .await
+                .unwrap();
+            let lens: Vec<usize> = parts.iter().map(Bytes::len).collect();
+            assert_eq!(
+                lens,
+                [32 << 10, 64 << 10, 64 << 10, 64 << 10],
+                "queued {queued}"
+            );
+            assert!(parts.concat() == a[32 << 10..], "queued {queued}");
             vol.write(0, Bytes::from(b.clone()), IoOpts::new())
                 .await
                 .unwrap();
             assert_eq!(one, b[..64 << 10], "one piece is a view (queued {queued})");
             assert_eq!(several, a, "several pieces are a copy (queued {queued})");
+            assert!(
+                parts.concat() == b[32 << 10..],
+                "parts are views (queued {queued})"
+            );
             assert!(matches!(
                 vol.read_to_send(vol.info().sectors, 128, IoOpts::new())
                     .await,

@@ -43,6 +43,13 @@ pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
     fn erased_read(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes>;
     /// [`BlockDevice::read_to_send`](crate::BlockDevice::read_to_send).
     fn erased_read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes>;
+    /// [`BlockDevice::read_parts_to_send`](crate::BlockDevice::read_parts_to_send).
+    fn erased_read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> BoxFuture<'_, Vec<Bytes>>;
     /// [`BlockDevice::read_into`](crate::BlockDevice::read_into).
     fn erased_read_into<'a>(
         &'a self,
@@ -94,6 +101,14 @@ impl<D: BlockDevice> DynBlockDevice for D {
     }
     fn erased_read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> BoxFuture<'_, Bytes> {
         Box::pin(self.read_to_send(start, sectors, opts))
+    }
+    fn erased_read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> BoxFuture<'_, Vec<Bytes>> {
+        Box::pin(self.read_parts_to_send(start, sectors, opts))
     }
     fn erased_read_into<'a>(
         &'a self,
@@ -165,6 +180,14 @@ impl BlockDevice for dyn DynBlockDevice + '_ {
         opts: IoOpts,
     ) -> impl Future<Output = Result<Bytes>> + Send {
         self.erased_read_to_send(start, sectors, opts)
+    }
+    fn read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send {
+        self.erased_read_parts_to_send(start, sectors, opts)
     }
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         // The boxed future lives as long as the shorter of `self` and `buf`; the `async fn`

@@ -3,7 +3,7 @@
 //! ([`IoOpts`], [`Zeroes`], [`Extent`]), the object-safe [`DynBlockDevice`] for devices of
 //! different types behind one pointer, and the checks every implementation shares.
 
-/// Writes the ten I/O methods of a [`BlockDevice`] impl that hands every request on to
+/// Writes the eleven I/O methods of a [`BlockDevice`] impl that hands every request on to
 /// another device, once, for every such impl (`Arc<D>`, a mirror's `Slot`, ...): the
 /// forwarding boilerplate in one place. `|self| DEV` names the device (evaluated once per
 /// request). `direct` returns the inner device's futures as they are (no state machine of
@@ -25,6 +25,14 @@ macro_rules! forward_io {
             opts: $crate::IoOpts,
         ) -> impl Future<Output = $crate::Result<bytes::Bytes>> + Send {
             $dev.read_to_send(start, sectors, opts)
+        }
+        fn read_parts_to_send(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<Vec<bytes::Bytes>>> + Send {
+            $dev.read_parts_to_send(start, sectors, opts)
         }
         fn read_into(
             &$s,
@@ -102,6 +110,14 @@ macro_rules! forward_io {
             opts: $crate::IoOpts,
         ) -> $crate::Result<bytes::Bytes> {
             $dev.read_to_send(start, sectors, opts).await
+        }
+        async fn read_parts_to_send(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<Vec<bytes::Bytes>> {
+            $dev.read_parts_to_send(start, sectors, opts).await
         }
         async fn read_into(
             &$s,
@@ -277,6 +293,33 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         opts: IoOpts,
     ) -> impl Future<Output = Result<Bytes>> + Send {
         self.read(start, sectors, opts)
+    }
+
+    /// [`read_to_send`](Self::read_to_send) in parts, one after the other, for a caller that
+    /// sends them on as they are (an NBD reply gathers them into one write): a striped
+    /// volume answers a read of several interleave units with each unit as its component
+    /// gives it (a view of the page cache where it can), with no copy into one buffer. The
+    /// default is one part, `read_to_send`'s.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let d = MemDevice::new("m", 64);
+    /// d.write(0, Bytes::from(vec![4u8; 8192]), IoOpts::new()).await?;
+    /// let parts = d.read_parts_to_send(0, 16, IoOpts::new()).await?;
+    /// assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), 8192);
+    /// assert!(parts.iter().all(|p| p.iter().all(|&b| b == 4)));
+    /// # Ok::<(), tagstripe::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send {
+        async move { Ok(vec![self.read_to_send(start, sectors, opts).await?]) }
     }
 
     /// Reads `buf.len()` bytes (whole sectors) from `start` into `buf`: the path with no

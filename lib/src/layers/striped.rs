@@ -614,6 +614,38 @@ impl BlockDevice for Striped {
         self.read_bytes(start, sectors, opts, true).await
     }
 
+    /// Each piece as its component gives it (`read_to_send`): the pieces back to back on one
+    /// component read as one run (one command, as `read_into` sends), then cut into the
+    /// pieces (no copy), in volume order.
+    async fn read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> Result<Vec<Bytes>> {
+        self.info.check(start, sectors)?;
+        let pieces: Vec<Piece> = self.geometry.map(start, sectors)?.merged().collect();
+        if let [p] = pieces[..] {
+            return Ok(vec![self.read_piece(p, opts, true).await?]);
+        }
+        let runs = gather(&pieces);
+        let got = crate::device::all(
+            runs.iter()
+                .map(|(run, _)| self.read_piece(*run, opts, true)),
+        )
+        .await?;
+        let mut parts = vec![Bytes::new(); pieces.len()];
+        for ((_, members), run) in runs.iter().zip(got) {
+            let mut at = 0;
+            for &m in members {
+                let n = pieces[m].count as usize * 512;
+                parts[m] = run.slice(at..at + n);
+                at += n;
+            }
+        }
+        Ok(parts)
+    }
+
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;

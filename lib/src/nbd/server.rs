@@ -919,6 +919,9 @@ const BATCH_BYTES: u64 = 64 << 10;
 /// Writes of this many bytes or more run in a task of their own (see `Server::run`).
 const APART_FROM: u64 = 256 << 10;
 
+/// Reads of this many bytes or more are read in parts (see `run_op`).
+const PARTS_FROM: u64 = 32 << 10;
+
 /// The most a `CACHE` request prefetches; the rest of a larger range is a hint ignored.
 const CACHE_MAX: u64 = 128 << 20;
 
@@ -940,7 +943,19 @@ async fn run_op(e: &Served, class: IoClass, max: u64, op: Op) -> Result<Outcome,
     let a1 = (off + len).div_ceil(lbs) * lbs;
     match op.kind {
         // Sent on at once: a device through the page cache may answer with a view of its
-        // cached pages, which the socket write copies from (no copy into a buffer first).
+        // cached pages, which the socket write copies from (no copy into a buffer first);
+        // a striped volume with each of its pieces so (a large read only: a list of parts
+        // costs an allocation).
+        OpKind::Read if aligned && len >= PARTS_FROM => {
+            let parts = dev
+                .read_parts_to_send(off / 512, len / 512, opts)
+                .await
+                .map_err(fail)?;
+            Ok(match <[Bytes; 1]>::try_from(parts) {
+                Ok([one]) => Outcome::Data(one),
+                Err(parts) => Outcome::DataParts(parts),
+            })
+        }
         OpKind::Read if aligned => dev
             .read_to_send(off / 512, len / 512, opts)
             .await

@@ -245,7 +245,7 @@ pub enum SessionError {
 /// the runner's affair when no block sizes were agreed ([`Op::strict`] false).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OpKind {
-    /// Read; answer [`Outcome::Data`] of exactly `length` bytes.
+    /// Read; answer [`Outcome::Data`] (or [`Outcome::DataParts`]) of exactly `length` bytes.
     Read,
     /// Write these bytes (`length` of them).
     Write(Bytes),
@@ -290,6 +290,9 @@ pub enum Outcome {
     Done,
     /// A read's data.
     Data(Bytes),
+    /// A read's data in parts, one after the other (a striped volume's pieces, each as its
+    /// device gave it): sent as they are, with no copy into one buffer.
+    DataParts(Vec<Bytes>),
     /// An allocation query's extents (in sectors, from the op's offset, covering its
     /// range; the op's range is whole logical blocks).
     Extents(Vec<Extent>),
@@ -681,6 +684,11 @@ impl ServerSession {
                     Ok(Outcome::Data(d)) if d.len() as u64 == len => {
                         self.read_piece(&mut p, at, d);
                     }
+                    Ok(Outcome::DataParts(parts))
+                        if parts.iter().map(|d| d.len() as u64).sum::<u64>() == len =>
+                    {
+                        self.read_parts(&mut p, at, parts);
+                    }
                     Ok(_) => {
                         self.buffered = self.buffered.saturating_sub(len);
                         let msg = "the device returned a read of the wrong length".to_owned();
@@ -907,6 +915,114 @@ mod tests {
             assert_eq!(&got[..], &data[..]);
             s.complete(op.id, Ok(Outcome::Done));
             while s.take_output().is_some() {}
+        }
+    }
+
+    /// Rebuilds a read's data from the chunks of its structured reply: (data, holes, data
+    /// chunks, whether the last chunk said done).
+    fn structured_data(out: &[u8], len: usize) -> (Vec<u8>, usize, usize, bool) {
+        let mut data = vec![0xeeu8; len];
+        let (mut at, mut holes, mut chunks, mut done) = (0, 0, 0, false);
+        while at < out.len() {
+            let (h, _) = ChunkHeader::parse(&out[at..]).unwrap();
+            at += ChunkHeader::STRUCTURED_LEN;
+            let body = &out[at..at + h.length as usize];
+            match Chunk::parse(h.kind, false, body).unwrap() {
+                Chunk::OffsetData { offset } => {
+                    let d = &body[8..];
+                    data[offset as usize..offset as usize + d.len()].copy_from_slice(d);
+                    chunks += 1;
+                }
+                Chunk::OffsetHole { offset, size } => {
+                    data[offset as usize..(offset + u64::from(size)) as usize].fill(0);
+                    holes += 1;
+                }
+                c => panic!("{c:?}"),
+            }
+            done = h.flags & proto::REPLY_FLAG_DONE != 0;
+            at += h.length as usize;
+        }
+        (data, holes, chunks, done)
+    }
+
+    /// A read answered in parts (a striped volume's pieces) reaches the client as the same
+    /// bytes, in order: one data chunk for all of them with structured replies, or each
+    /// part's own chunks when one holds a run of zeroes to send as a hole; one simple reply
+    /// with the data behind it otherwise. Parts that do not add up to the read fail it.
+    #[test]
+    fn a_read_answered_in_parts_reaches_the_client_whole_and_in_order() {
+        let part = |seed: u8| -> Bytes {
+            (0..64usize << 10)
+                .map(|i| (i % 241) as u8 ^ seed)
+                .collect::<Vec<u8>>()
+                .into()
+        };
+        for (structured, zero_middle) in
+            [(true, false), (true, true), (false, false), (false, true)]
+        {
+            let mut s = session_sized(TlsPolicy::Off, 1 << 20);
+            if structured {
+                assert_eq!(
+                    option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
+                    [proto::REP_ACK]
+                );
+            }
+            assert_eq!(
+                option(&mut s, proto::OPT_GO, &go_data()).last(),
+                Some(&proto::REP_ACK)
+            );
+            let middle = if zero_middle {
+                Bytes::from(vec![0u8; 64 << 10])
+            } else {
+                part(2)
+            };
+            let parts = vec![part(1), middle, Bytes::new(), part(3)];
+            let want: Vec<u8> = parts.iter().flat_map(|b| b.iter().copied()).collect();
+            let r = Request {
+                flags: 0,
+                command: Command::Read,
+                handle: 5,
+                offset: 0,
+                length: 192 << 10,
+            };
+            s.receive(&r.encode()).unwrap();
+            let op = s.poll_op().expect("the read");
+            s.complete(op.id, Ok(Outcome::DataParts(parts)));
+            let mut out = Vec::new();
+            while let Some(o) = s.take_output() {
+                out.extend_from_slice(&o);
+            }
+            let what = format!("structured {structured}, zeroes {zero_middle}");
+            if structured {
+                let (data, holes, chunks, done) = structured_data(&out, 192 << 10);
+                assert!(data == want && done, "{what}");
+                assert_eq!(
+                    (holes, chunks),
+                    if zero_middle { (1, 2) } else { (0, 1) },
+                    "{what}"
+                );
+            } else {
+                let reply = SimpleReply::parse(&out).unwrap();
+                assert_eq!((reply.error, reply.handle), (0, 5), "{what}");
+                assert!(out[SimpleReply::LEN..] == want[..], "{what}");
+            }
+            // Parts short of the read: an error, not a short reply.
+            s.receive(&Request { handle: 6, ..r }.encode()).unwrap();
+            let op = s.poll_op().expect("the second read");
+            s.complete(op.id, Ok(Outcome::DataParts(vec![part(1)])));
+            let mut out = Vec::new();
+            while let Some(o) = s.take_output() {
+                out.extend_from_slice(&o);
+            }
+            if structured {
+                let (h, _) = ChunkHeader::parse(&out).unwrap();
+                assert!(
+                    h.kind == proto::REPLY_TYPE_ERROR || h.kind == proto::REPLY_TYPE_ERROR_OFFSET,
+                    "{what}"
+                );
+            } else {
+                assert_ne!(SimpleReply::parse(&out).unwrap().error, 0, "{what}");
+            }
         }
     }
 

@@ -69,6 +69,39 @@ impl ServerSession {
         p.answered = single;
     }
 
+    /// A completed read piece in parts, one after the other: as [`read_piece`](Self::read_piece)
+    /// with the parts sent as they are. With structured replies they go out as one data
+    /// chunk unless a part has a run of zeroes to send as a hole (then as each part's own
+    /// chunks); with simple replies they are held in order.
+    pub(super) fn read_parts(&mut self, p: &mut Pending, at: u64, parts: Vec<Bytes>) {
+        let parts: Vec<Bytes> = parts.into_iter().filter(|d| !d.is_empty()).collect();
+        if !self.structured {
+            let mut off = at;
+            for d in parts {
+                let n = d.len() as u64;
+                p.held.insert(off, d);
+                off += n;
+            }
+            return;
+        }
+        let single = p.length <= u64::from(self.config.max_request);
+        let df = p.flags & proto::CMD_FLAG_DF != 0;
+        p.answered = single;
+        if !df && parts.iter().any(|d| !zero_runs(d).is_empty()) {
+            let n = parts.len();
+            let mut off = at;
+            for (i, d) in parts.into_iter().enumerate() {
+                let len = d.len() as u64;
+                self.data_chunks(p.cookie, p.offset, off, d, single && i + 1 == n, true);
+                off += len;
+            }
+            return;
+        }
+        let flags = if single { proto::REPLY_FLAG_DONE } else { 0 };
+        let c = Chunk::OffsetData { offset: at };
+        self.chunk_parts(p.cookie, p.offset, flags, &c, parts);
+    }
+
     /// A read's data as structured chunks: runs of zeroes as holes (unless `holes` is
     /// false, for DF), the rest as data.
     pub(super) fn data_chunks(
@@ -215,8 +248,34 @@ impl ServerSession {
         c: &Chunk,
         data: Option<Bytes>,
     ) {
-        let payload = c.encode(self.extended);
         let dlen = data.as_ref().map_or(0, |d| d.len() as u64);
+        self.chunk_head(cookie, req_off, flags, c, dlen);
+        if let Some(d) = data {
+            self.emit_data(d, dlen);
+        }
+    }
+
+    /// One structured (or extended) chunk with `parts`, one after the other, after its
+    /// payload.
+    pub(super) fn chunk_parts(
+        &mut self,
+        cookie: u64,
+        req_off: u64,
+        flags: u16,
+        c: &Chunk,
+        parts: Vec<Bytes>,
+    ) {
+        let dlen: u64 = parts.iter().map(|d| d.len() as u64).sum();
+        self.chunk_head(cookie, req_off, flags, c, dlen);
+        for d in parts {
+            let n = d.len() as u64;
+            self.emit_data(d, n);
+        }
+    }
+
+    /// A chunk's header and its own payload, for `dlen` bytes of data to follow.
+    fn chunk_head(&mut self, cookie: u64, req_off: u64, flags: u16, c: &Chunk, dlen: u64) {
+        let payload = c.encode(self.extended);
         let h = ChunkHeader {
             flags,
             kind: c.kind(self.extended),
@@ -226,9 +285,6 @@ impl ServerSession {
         };
         h.encode_into(self.extended, &mut self.small);
         self.small.extend_from_slice(&payload);
-        if let Some(d) = data {
-            self.emit_data(d, dlen);
-        }
     }
 
     pub(super) fn ok_reply(&mut self, cookie: u64, offset: u64) {
