@@ -614,3 +614,51 @@ fn volume_read_to_send_views_one_piece_and_gathers_several() {
         }
     }
 }
+
+/// A file shrunk by another process while it is served: a `read_to_send` of a range past
+/// its new end is not handed out as a view of the mapping (whose pages there would fault),
+/// it is read, and fails as a read past the end of a file does; the range still inside is
+/// served as before.
+#[test]
+fn read_to_send_past_the_end_of_a_file_shrunk_meanwhile_is_an_error() {
+    let dir = std::path::PathBuf::from("/var/tmp");
+    for uring in [true, false] {
+        let path = dir.join(format!(
+            "tagstripe-shrunk-{}-{uring}.img",
+            std::process::id()
+        ));
+        drop(FileDevice::create(&path, 4096, FileOptions::default()).unwrap());
+        let dev: Arc<dyn DynBlockDevice> = if uring {
+            let Some(d) = open(&path, false) else {
+                std::fs::remove_file(&path).unwrap();
+                return;
+            };
+            Arc::new(d)
+        } else {
+            Arc::new(FileDevice::open(&path, FileOptions::default()).unwrap())
+        };
+        rt().block_on(async {
+            dev.write(0, Bytes::from(vec![7u8; 2 << 20]), IoOpts::new())
+                .await
+                .unwrap();
+            let before = dev.read_to_send(2048, 256, IoOpts::new()).await.unwrap();
+            assert!(before.iter().all(|&b| b == 7));
+            drop(before);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(512 << 10)
+                .unwrap();
+            let inside = dev.read_to_send(0, 128, IoOpts::new()).await.unwrap();
+            assert!(inside.iter().all(|&b| b == 7), "io_uring {uring}");
+            let past = dev.read_to_send(2048, 256, IoOpts::new()).await;
+            assert!(
+                past.is_err(),
+                "io_uring {uring}: a read past the end succeeded"
+            );
+        });
+        drop(dev);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -23,6 +23,8 @@ pub(crate) struct Mapped {
     addr: usize,
     len: usize,
     page: usize,
+    /// A regular file (not a block device), whose size another process may cut.
+    regular: bool,
 }
 
 impl Mapped {
@@ -52,21 +54,28 @@ impl Mapped {
             .ok()
             .filter(|p| p.is_power_of_two())
             .unwrap_or(4096);
+        let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
         Some(Arc::new(Self {
             addr: p as usize,
             len,
             page,
+            regular,
         }))
     }
 
     /// The bytes at `off..off + len` as a view of the mapping, if they lie inside it, are
-    /// at least [`MAPPED_FROM`] long and every page of them is in the page cache now
-    /// (`mincore`): a view is then never a wait for the device on the thread that sends it,
-    /// and a page past the end of a file shrunk since it was mapped (which would fault) is
-    /// never handed out. `None`: read it the usual way.
-    pub(crate) fn cached(self: &Arc<Self>, off: u64, len: usize) -> Option<Bytes> {
+    /// at least [`MAPPED_FROM`] long, inside the file as it is now (a regular file's size is
+    /// read again: a page past the end of a file shrunk since it was mapped would fault,
+    /// and `mincore` still calls such pages cached, Linux 6.18) and every page of them is in
+    /// the page cache (`mincore`): a view is then never a wait for the device on the thread
+    /// that sends it. `None`: read it the usual way.
+    pub(crate) fn cached(self: &Arc<Self>, file: &File, off: u64, len: usize) -> Option<Bytes> {
+        let end = off.checked_add(u64::try_from(len).ok()?)?;
         let off = usize::try_from(off).ok()?;
         if len < MAPPED_FROM || off.checked_add(len)? > self.len {
+            return None;
+        }
+        if self.regular && size_now(file)? < end {
             return None;
         }
         let first = off & !(self.page - 1);
@@ -99,6 +108,17 @@ impl Mapped {
             len,
         }))
     }
+}
+
+/// The file's size now (`fstat`: one system call, nothing more read).
+fn size_now(file: &File) -> Option<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat writes one `stat` into the zeroed buffer we own and pass; it is read
+    // only if the call succeeds. The fd is owned by the live `File`. Exercised by the
+    // `read_to_send` tests (a file shrunk while mapped among them).
+    let rc = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) };
+    // SAFETY: initialised by the successful call above (and zeroed before it anyway).
+    (rc == 0).then(|| u64::try_from(unsafe { st.assume_init() }.st_size).unwrap_or(0))
 }
 
 impl Drop for Mapped {
@@ -150,6 +170,6 @@ impl LazyMapped {
         self.0
             .get_or_init(|| Mapped::new(file, info.sectors.saturating_mul(512)))
             .as_ref()?
-            .cached(start.checked_mul(512)?, len)
+            .cached(file, start.checked_mul(512)?, len)
     }
 }
