@@ -459,6 +459,29 @@ fn uring_gathered_writes_land_in_order() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// Creates `path` with `sectors` sectors and opens it with the io_uring backend (`uring`)
+/// or the file backend; `None` (the file removed) where io_uring is not available.
+fn create_either(
+    path: &std::path::Path,
+    sectors: u64,
+    uring: bool,
+    direct: bool,
+) -> Option<Arc<dyn DynBlockDevice>> {
+    drop(FileDevice::create(path, sectors, FileOptions::default()).unwrap());
+    if uring {
+        let Some(d) = open(path, direct) else {
+            std::fs::remove_file(path).unwrap();
+            return None;
+        };
+        return Some(Arc::new(d));
+    }
+    let opts = FileOptions {
+        direct,
+        ..FileOptions::default()
+    };
+    Some(Arc::new(FileDevice::open(path, opts).unwrap()))
+}
+
 /// `read_to_send` through the page cache answers a cached range of 32 KiB or more with a
 /// view of the cached pages (a later write shows through the bytes held: no copy was made),
 /// and everything else (a small read, a range not cached, O_DIRECT) with a copy; the data
@@ -473,19 +496,8 @@ fn read_to_send_views_cached_pages_and_copies_the_rest() {
             "tagstripe-send-{}-{uring}-{direct}.img",
             std::process::id()
         ));
-        drop(FileDevice::create(&path, 8192, FileOptions::default()).unwrap());
-        let dev: Arc<dyn DynBlockDevice> = if uring {
-            let Some(d) = open(&path, direct) else {
-                std::fs::remove_file(&path).unwrap();
-                return;
-            };
-            Arc::new(d)
-        } else {
-            let opts = FileOptions {
-                direct,
-                ..FileOptions::default()
-            };
-            Arc::new(FileDevice::open(&path, opts).unwrap())
+        let Some(dev) = create_either(&path, 8192, uring, direct) else {
+            return;
         };
         let what = format!("io_uring {uring}, O_DIRECT {direct}");
         rt().block_on(async {
@@ -627,15 +639,8 @@ fn read_to_send_past_the_end_of_a_file_shrunk_meanwhile_is_an_error() {
             "tagstripe-shrunk-{}-{uring}.img",
             std::process::id()
         ));
-        drop(FileDevice::create(&path, 4096, FileOptions::default()).unwrap());
-        let dev: Arc<dyn DynBlockDevice> = if uring {
-            let Some(d) = open(&path, false) else {
-                std::fs::remove_file(&path).unwrap();
-                return;
-            };
-            Arc::new(d)
-        } else {
-            Arc::new(FileDevice::open(&path, FileOptions::default()).unwrap())
+        let Some(dev) = create_either(&path, 4096, uring, false) else {
+            return;
         };
         rt().block_on(async {
             dev.write(0, Bytes::from(vec![7u8; 2 << 20]), IoOpts::new())
