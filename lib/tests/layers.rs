@@ -902,3 +902,62 @@ fn gathered_reads_reuse_buffers_and_show_only_their_own_bytes() {
         assert_eq!(failed, 1, "the one injected failure, and no other");
     });
 }
+
+/// A device whose reads come back one sector short (a broken backend).
+#[derive(Debug)]
+struct ShortReads(MemDevice);
+
+impl BlockDevice for ShortReads {
+    fn info(&self) -> &DeviceInfo {
+        self.0.info()
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<Bytes> {
+        let d = self.0.read(start, sectors, opts).await?;
+        Ok(d.slice(..d.len().saturating_sub(512)))
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> tagstripe::Result<()> {
+        self.0.write(start, data, opts).await
+    }
+    async fn flush(&self, opts: IoOpts) -> tagstripe::Result<()> {
+        self.0.flush(opts).await
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<()> {
+        self.0.discard(start, sectors, opts).await
+    }
+}
+
+/// A striped read in parts (`read_parts_to_send`) over components whose reads come back
+/// short is an error naming the component, not a panic or a short answer; a volume of
+/// sound components answers the same read whole, in order.
+#[test]
+fn a_read_in_parts_over_short_reads_is_an_error() {
+    rt().block_on(async {
+        for short in [true, false] {
+            let comps: Vec<Arc<dyn DynBlockDevice>> = (0..4)
+                .map(|i| {
+                    let m = MemDevice::new(&format!("m{i}"), 4096);
+                    if short {
+                        Arc::new(ShortReads(m)) as Arc<dyn DynBlockDevice>
+                    } else {
+                        Arc::new(m) as Arc<dyn DynBlockDevice>
+                    }
+                })
+                .collect();
+            let vol = Volume::builder(comps)
+                .interleave(16)
+                .quirks(QuirkSet::empty())
+                .build()
+                .unwrap();
+            let data = pattern(256 * 512, 9);
+            vol.write(0, data.clone(), IoOpts::new()).await.unwrap();
+            let got = vol.read_parts_to_send(8, 200, IoOpts::new()).await;
+            if short {
+                assert!(matches!(got, Err(Error::Component { .. })), "{got:?}");
+            } else {
+                let parts = got.unwrap();
+                assert_eq!(parts.len(), 13, "one part a piece");
+                assert_eq!(parts.concat(), data[8 * 512..208 * 512]);
+            }
+        }
+    });
+}

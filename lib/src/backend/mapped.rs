@@ -2,8 +2,9 @@
 //! answer of [`BlockDevice::read_to_send`](crate::BlockDevice::read_to_send) where the pages
 //! are all cached. Served over NBD, such a read is a view of the cached pages that the socket
 //! write copies from, instead of a copy into a buffer that the socket write then copies
-//! again (a file in /dev/shm over TCP, alternated with copying reads: 1 MiB reads 1.34-1.43x,
-//! 64 KiB random 50/50 1.12-1.18x, at 25-35% less CPU a GiB; docs/nbd-performance.md).
+//! again (a file in /dev/shm over TCP, alternated with copying reads: 1 MiB reads 1.34-1.43x
+//! at a third less CPU a GiB, 64 KiB random 50/50 1.06-1.11x, before the size check that
+//! costs the latter about 3%; docs/nbd-performance.md).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

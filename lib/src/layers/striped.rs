@@ -635,7 +635,14 @@ impl BlockDevice for Striped {
         )
         .await?;
         let mut parts = vec![Bytes::new(); pieces.len()];
-        for ((_, members), run) in runs.iter().zip(got) {
+        for ((r, members), run) in runs.iter().zip(got) {
+            if run.len() as u64 != r.count * 512 {
+                let e = Error::BadLength {
+                    device: self.info.name.clone(),
+                    what: format!("read {} bytes, {} asked", run.len(), r.count * 512),
+                };
+                return Err(component(r.component, Some(r.lblk), e));
+            }
             let mut at = 0;
             for &m in members {
                 let n = pieces[m].count as usize * 512;
