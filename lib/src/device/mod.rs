@@ -266,14 +266,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Reads `sectors` sectors from `start` for a caller that sends the bytes on at once (a
     /// server answering a read over a socket) and drops them once sent. A device through the
     /// page cache may answer with a view of the cached pages themselves instead of a copy
-    /// ([`UringDevice`](crate::UringDevice) does, for reads of 32 KiB and more whose pages are
-    /// all cached): such bytes show any later write to those sectors for as long as they are
-    /// held, so they are no snapshot. Use [`read`](Self::read) for data that is kept,
-    /// compared or computed on (parity, a mirror's resync, a recording). The default is
-    /// `read`; a layer that changes or accounts its requests keeps it. As with any mapping of
-    /// a file, a file shrunk by another process while such bytes are held faults (`SIGBUS`)
-    /// where they are read past its new end in user space; the kernel's socket write reports
-    /// `EFAULT` instead, and a range past the end when the read is made is read, not viewed.
+    /// (the io_uring and file backends do, for reads of 32 KiB and more whose pages are all
+    /// cached; a volume passes its components' on): such bytes show any later write to those
+    /// sectors for as long as they are held, so they are no snapshot. Use
+    /// [`read`](Self::read) for data that is kept, compared or computed on (parity, a
+    /// mirror's resync, a recording). The default is `read`; a layer that changes or
+    /// accounts its requests keeps it. As with any mapping of a file, a file shrunk by
+    /// another process while such bytes are held faults (`SIGBUS`) where they are read past
+    /// its new end in user space; the kernel's socket write reports `EFAULT` instead, and a
+    /// range past the end when the read is made is read, not viewed.
     ///
     /// ```
     /// use bytes::Bytes;

@@ -481,10 +481,13 @@ impl<D: BlockDevice> Queue<D> {
 
     /// A read into bytes of the device's (`send`: its `read_to_send`), or into one buffer
     /// when the policy cuts it into pieces.
-    async fn read_bytes(&self, start: u64, sectors: u64, opts: IoOpts, send: bool) -> Result<Bytes>
-    where
-        D: BlockDevice,
-    {
+    async fn read_bytes(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+        send: bool,
+    ) -> Result<Bytes> {
         self.dev.info().check(start, sectors)?;
         if self.pieces(OpKind::Read, opts, sectors).is_some() {
             let mut v = vec![0u8; sectors as usize * 512];
