@@ -125,6 +125,22 @@ pub(crate) fn slice_parts(parts: &[Bytes], from: usize, len: usize) -> Vec<Bytes
     out
 }
 
+/// `dev`'s [`read_to_send`](BlockDevice::read_to_send) if `send`, else its
+/// [`read`](BlockDevice::read): the two ways a layer's read into bytes goes down.
+pub(crate) async fn read_or_send<D: BlockDevice + ?Sized>(
+    dev: &D,
+    start: u64,
+    sectors: u64,
+    opts: IoOpts,
+    send: bool,
+) -> Result<Bytes> {
+    if send {
+        dev.read_to_send(start, sectors, opts).await
+    } else {
+        dev.read(start, sectors, opts).await
+    }
+}
+
 /// Copies `whole` into `bufs`, one after the other (their lengths add up to at most its).
 pub(crate) fn scatter(whole: &[u8], bufs: Vec<&mut [u8]>) {
     let mut at = 0;

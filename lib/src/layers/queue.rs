@@ -494,13 +494,8 @@ impl<D: BlockDevice> Queue<D> {
             self.read_into(start, &mut v, opts).await?;
             return Ok(Bytes::from(v));
         }
-        self.run(OpKind::Read, sectors * 512, opts, |k| async move {
-            let opts = with_kind(opts, k);
-            if send {
-                self.dev.read_to_send(start, sectors, opts).await
-            } else {
-                self.dev.read(start, sectors, opts).await
-            }
+        self.run(OpKind::Read, sectors * 512, opts, |k| {
+            crate::device::read_or_send(&self.dev, start, sectors, with_kind(opts, k), send)
         })
         .await
     }

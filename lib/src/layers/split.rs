@@ -121,11 +121,7 @@ impl<D: BlockDevice> Split<D> {
         self.info.check(start, sectors)?;
         let first = self.splitter.split(Op::Read, start, sectors)?.next();
         if first.is_some_and(|p| p.sectors == sectors) {
-            return if send {
-                self.dev.read_to_send(start, sectors, opts).await
-            } else {
-                self.dev.read(start, sectors, opts).await
-            };
+            return crate::device::read_or_send(&self.dev, start, sectors, opts, send).await;
         }
         let mut buf = vec![0u8; sectors as usize * 512];
         self.read_into(start, &mut buf, opts).await?;

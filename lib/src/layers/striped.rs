@@ -409,13 +409,8 @@ impl Striped {
 
     async fn read_piece(&self, p: Piece, opts: IoOpts, send: bool) -> Result<Bytes> {
         let (first, other) = self.sides(&p);
-        let read = |c: usize| async move {
-            let c = &self.components[c];
-            if send {
-                c.read_to_send(p.cblk, p.count, opts).await
-            } else {
-                c.read(p.cblk, p.count, opts).await
-            }
+        let read = |c: usize| {
+            crate::device::read_or_send(&self.components[c], p.cblk, p.count, opts, send)
         };
         match read(first).await {
             Ok(b) => Ok(b),
