@@ -77,6 +77,21 @@ impl Ring {
     /// for their completions, then submits. Errors of `io_uring_enter` are returned; the
     /// entries stay in the submission queue for the next submit.
     fn feed(&mut self) -> io::Result<()> {
+        // Entries a plug left in the submission queue go too.
+        let pushed = self.fill()?;
+        let sq = self.ring.submission();
+        let (queued, overflow) = (!sq.is_empty(), sq.cq_overflow());
+        drop(sq);
+        if pushed || queued || overflow {
+            self.submit()?;
+        }
+        Ok(())
+    }
+
+    /// Moves waiting entries into the submission queue while the completion queue has room
+    /// for their completions, entering the kernel only when the submission queue is full;
+    /// true if any entry was moved (and is now to be submitted).
+    fn fill(&mut self) -> io::Result<bool> {
         let mut pushed = false;
         while self.in_ring < self.cap {
             let Some(entry) = self.waiting.front().cloned() else {
@@ -93,10 +108,7 @@ impl Ring {
             self.in_ring += 1;
             pushed = true;
         }
-        if pushed || self.ring.submission().cq_overflow() {
-            self.submit()?;
-        }
-        Ok(())
+        Ok(pushed)
     }
 
     /// Puts one entry in the submission queue; false if it is full.
@@ -129,6 +141,20 @@ struct Shared {
     reaper: Mutex<Option<JoinHandle<()>>>,
     /// Read buffers of `read_into`, reused: no allocation, zeroing or page faults per read.
     pool: Arc<crate::buffers::BufferPool>,
+}
+
+/// Under a plug ([`crate::Plugged`]), entries wait in the submission queue; pulling the plug
+/// enters them all at once.
+impl crate::plug::Unplug for Shared {
+    fn unplug(&self) {
+        let mut st = self.ring.lock();
+        if let Err(e) = st.feed() {
+            // As a submission that fails at once: entries still waiting in user space fail;
+            // those in the submission queue go with the next submit (the reaper's included).
+            tracing::warn!(target: "tagstripe::uring", error = %e, "io_uring submission failed");
+            fail_waiting(&mut st, &e);
+        }
+    }
 }
 
 impl Shared {
@@ -283,7 +309,8 @@ async fn reaper(fd: AsyncFd<OwnedFd>, shared: Weak<Shared>) {
 /// task on the caller's tokio runtime (the runtime of the first request, or a later one if
 /// that runtime has gone), which must have I/O enabled (`enable_io` or `enable_all`). Where io_uring is unavailable (old kernel, seccomp, disabled),
 /// opening fails with [`Error::Unsupported`]. Dropping the device waits for requests still
-/// in the kernel.
+/// in the kernel. With `O_DIRECT`, requests started while a [`crate::Plugged`] future is
+/// polled reach the kernel together when that poll returns (one `io_uring_enter` for them).
 #[derive(Debug)]
 pub struct UringDevice {
     info: DeviceInfo,
@@ -447,6 +474,25 @@ impl UringDevice {
         st.next = st.next.wrapping_add(1);
         st.inflight.insert(id, state);
         st.waiting.push_back(entry.user_data(id));
+        if self.direct && crate::plug::plugged_now() {
+            // Under a plug: into the submission queue now, into the kernel when the plug is
+            // pulled (with whatever else this poll starts). Only with O_DIRECT, where the
+            // requests go to the device's queue: through the page cache the kernel runs
+            // them inline in the submitting call, and a batch of them in one call left
+            // this task less to overlap (4 KiB random writes to a file in /dev/shm,
+            // alternated: 0.81-0.95x held back, against 1.14-1.36x to a striped volume
+            // of 4 loop devices with O_DIRECT).
+            let r = st.fill();
+            drop(st);
+            let target: Arc<dyn crate::plug::Unplug> = self.shared.clone();
+            crate::plug::hold(&target);
+            if let Err(e) = r {
+                let mut st = self.shared.ring.lock();
+                fail_waiting(&mut st, &e);
+                return Err(e);
+            }
+            return Ok(());
+        }
         if let Err(e) = st.feed() {
             // Nothing of this request reached the kernel unless it is in the ring already;
             // fail whatever is still waiting (this one included) and report it.

@@ -744,7 +744,9 @@ impl NbdServer {
                 }
             };
             let event = tokio::select! {
-                Some(done) = running.next(), if !running.is_empty() => Event::Done(done),
+                // Plugged: the requests the ops start in one poll reach each device in
+                // one submission.
+                Some(done) = crate::Plugged::new(running.next()), if !running.is_empty() => Event::Done(done),
                 n = r.read_buf(s.input_buffer()), if want_read => Event::Read(n),
                 _ = stop.changed(), if !stopped => Event::Stop,
                 () = &mut deadline, if negotiating => Event::Timeout,
@@ -759,7 +761,9 @@ impl NbdServer {
                     // small replies, not one each; a large op's reply goes out at once.
                     let mut batch = len;
                     while batch < BATCH_BYTES {
-                        let Some(Some((id, len, res))) = running.next().now_or_never() else {
+                        let Some(Some((id, len, res))) =
+                            crate::Plugged::new(running.next()).now_or_never()
+                        else {
                             break;
                         };
                         batch += len;
