@@ -23,7 +23,10 @@
 #   1m-write, 1m-read (sequential, QD16).
 # Each cell is the median of RUNS runs, the servers alternated run by run; the ratio is
 # tagstripe against the best of the peers; CPU is each server's user + system seconds (from
-# /proc) per GiB moved. With $TLS=1 (default), 1 MiB reads over TLS on the shm file too.
+# /proc) per GiB moved. The one-device rows also print the device alone: fio (io_uring) on
+# the file or loop device itself, the same workload and jobs, through the page cache or with
+# O_DIRECT as the row; where 1.2x the best peer is more than that, no server can reach it
+# (counted at the end). With $TLS=1 (default), 1 MiB reads over TLS on the shm file too.
 # The loop devices need root; without it they are skipped, and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +101,8 @@ start() { # kind transport
     direct) path=$loopdev; direct_ts=(--direct); kit_cache=(cache=none)
       qemu_cache=(--cache=none --aio=io_uring) ;;
   esac
+  alone_path=$path alone_direct=0
+  [[ $kind == direct ]] && alone_direct=1
   local p1=$port p2=$((port + 1)) p3=$((port + 2))
   port=$((port + 3))
   if [[ $tr == unix ]]; then
@@ -206,6 +211,20 @@ measured() { # pid uri rw bs depth jobs
   after=$(cpu "$pid")
   $py -c 'import sys; i,g,b,a=sys.argv[1:]; g=float(g); print(i, round((float(a)-float(b))/g,3) if g>0 else "-")' $out "$before" "$after"
 }
+# The device alone, once per device, workload and jobs: fio (io_uring) on the file or loop
+# device itself; prints IOPS.
+declare -A alone_seen=()
+alone() { # key rw bs depth jobs
+  local key=$1 rw=$2 bs=$3 depth=$4 jobs=$5
+  if [[ -z ${alone_seen[$key]:-} ]]; then
+    alone_seen[$key]=$(fio --name=a --ioengine=io_uring --filename="$alone_path" \
+      --direct="$alone_direct" --rw="$rw" --rwmixread=50 --bs="$bs" --iodepth="$depth" \
+      --numjobs="$jobs" --group_reporting --time_based --runtime="$secs" --size=512M \
+      --output-format=json 2>/dev/null |
+      $py -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))')
+  fi
+  echo "${alone_seen[$key]}"
+}
 median() { $py -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:]))))' "$@"; }
 median3() { $py -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:])),3))' "$@"; }
 
@@ -221,12 +240,12 @@ shape() { # workload -> rw bs depth
 }
 
 mkdir -p "$dir/home/.pki"
-cells=0 met=0 cpu_ok=0 scells=0 smet=0
+cells=0 met=0 cpu_ok=0 scells=0 smet=0 beyond=0
 header=""
 for kind in $devices; do
   case $kind in
     stripe*) h=$(printf '%-13s %-5s %-4s %-13s %10s %10s %10s %7s   %s' device via jobs workload volume one-dev peer-one vol/one "CPU s/GiB: volume one peer") ;;
-    *) h=$(printf '%-13s %-5s %-4s %-13s %10s %10s %10s %7s   %s' device via jobs workload tagstripe nbdkit qemu-nbd ts/best "CPU s/GiB: ts kit qemu") ;;
+    *) h=$(printf '%-13s %-5s %-4s %-13s %10s %10s %10s %7s   %s' device via jobs workload tagstripe nbdkit qemu-nbd ts/best "CPU s/GiB: ts kit qemu; device alone") ;;
   esac
   [[ $h == "$header" ]] || { echo "$h"; header=$h; }
   for tr in $transports; do
@@ -250,6 +269,7 @@ for kind in $devices; do
         done
         a=$(median "${ts[@]}") b=$(median "${kit[@]}") c=$(median "${qn[@]}")
         ca=$(median3 "${cts[@]}") cb=$(median3 "${ckit[@]}") cc=$(median3 "${cqn[@]}")
+        note=""
         if [[ $kind == stripe* ]]; then
           ratio=$($py -c "print(f'{$a/max($b,1):.2f}')")
           scells=$((scells + 1))
@@ -261,14 +281,19 @@ for kind in $devices; do
           cells=$((cells + 1))
           $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && met=$((met + 1))
           $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
+          d=$(alone "$kind-$jobs-$w" "$rw" "$bs" "$depth" "$jobs")
+          note="; alone $d"
+          if $py -c "import sys; sys.exit(0 if 1.2*$best > ${d:-0} else 1)"; then
+            beyond=$((beyond + 1)) note="$note (1.2x the peer is beyond it)"
+          fi
         fi
-        printf '%-13s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc"
+        printf '%-13s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s%s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc" "$note"
       done
     done
     stop
   done
 done
-((cells == 0)) || echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells"
+((cells == 0)) || echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells; cells where 1.2x the best peer is beyond the device alone: $beyond"
 ((scells == 0)) || echo "striped volume at >= 0.9x of the one device served alone: $smet of $scells"
 
 [[ $tls == 1 ]] || exit 0
