@@ -36,12 +36,16 @@ thread_local! {
 
 /// True while a [`Plugged`] future is being polled on this thread: a request may then be held
 /// back, provided its target is handed to [`hold`].
+// Only the io_uring backend holds requests back.
+#[cfg_attr(not(feature = "uring"), allow(dead_code))]
 pub(crate) fn plugged_now() -> bool {
     PLUG.with(|p| p.borrow().depth > 0)
 }
 
 /// Notes that `target` holds requests back until the plug is pulled (once per target).
 /// Outside a plug, `target` is unplugged at once.
+// Only the io_uring backend holds requests back.
+#[cfg_attr(not(feature = "uring"), allow(dead_code))]
 pub(crate) fn hold(target: &Arc<dyn Unplug>) {
     let now = PLUG.with(|p| {
         let mut p = p.borrow_mut();
