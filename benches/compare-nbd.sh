@@ -21,13 +21,14 @@
 # Jobs ($JOBS, default "1 4"): fio jobs, each its own connection.
 # Workloads ($WORKLOADS): 4k-randread, 4k-randwrite (QD32), 64k-randrw (50/50, QD16),
 #   1m-write, 1m-read (sequential, QD16).
-# Each cell is the median of RUNS runs, the servers in turn (each run led by the next); the ratio is
-# tagstripe against the best of the peers; CPU is each server's user + system seconds (from
-# /proc) per GiB moved. The shm and O_DIRECT rows also print the device alone: fio
-# (io_uring) on the file or loop device itself, the same workload and jobs; where 1.2x the
-# best peer is more than that, no server can reach it (counted at the end). Not the loop
+# Each cell is the median of RUNS runs, the servers in turn (each run led by the next); the
+# ratio is tagstripe against the best of the peers; CPU is each server's user + system
+# seconds (from /proc) per GiB moved. The shm and O_DIRECT rows also print the device alone:
+# fio (io_uring) on the file or loop device itself, the same workload and jobs; where 1.2x
+# the best peer is more than that, no server can reach it (counted at the end). Not the loop
 # rows: io_uring through a block device's page cache hands each request to a kernel worker
-# and is no measure of it (4 KiB random reads: 78 k/s alone, 202 k/s served by tagstripe). With $TLS=1 (default), 1 MiB reads over TLS on the shm file too.
+# and is no measure of it (4 KiB random reads: 78 k/s alone, 202 k/s served by tagstripe).
+# With $TLS=1 (default), 1 MiB reads over TLS on the shm file too.
 # The loop devices need root; without it they are skipped, and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -213,18 +214,19 @@ measured() { # pid uri rw bs depth jobs
   $py -c 'import sys; i,g,b,a=sys.argv[1:]; g=float(g); print(i, round((float(a)-float(b))/g,3) if g>0 else "-")' $out "$before" "$after"
 }
 # The device alone, once per device, workload and jobs: fio (io_uring) on the file or loop
-# device itself; prints IOPS.
+# device itself; sets alone_iops (empty or 0 if fio could not run it).
 declare -A alone_seen=()
 alone() { # key rw bs depth jobs
   local key=$1 rw=$2 bs=$3 depth=$4 jobs=$5
-  if [[ -z ${alone_seen[$key]:-} ]]; then
+  if [[ -z ${alone_seen[$key]+set} ]]; then
     alone_seen[$key]=$(fio --name=a --ioengine=io_uring --filename="$alone_path" \
       --direct="$alone_direct" --rw="$rw" --rwmixread=50 --bs="$bs" --iodepth="$depth" \
       --numjobs="$jobs" --group_reporting --time_based --runtime="$secs" --size=512M \
       --output-format=json 2>/dev/null |
-      $py -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))')
+      $py -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))' \
+      2>/dev/null || true)
   fi
-  echo "${alone_seen[$key]}"
+  alone_iops=${alone_seen[$key]}
 }
 median() { $py -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:]))))' "$@"; }
 median3() { $py -c 'import sys,statistics; print(round(statistics.median(map(float,sys.argv[1:])),3))' "$@"; }
@@ -265,8 +267,8 @@ for kind in $devices; do
         ts=() kit=() qn=() cts=() ckit=() cqn=()
         for _ in $(seq "$runs"); do
           # Which server goes first turns from run to run: on the O_DIRECT devices the
-          # first of two servers in a row ran 1 MiB writes 0.80-0.81x of the second, which
-          # ever binary it was.
+          # first of two servers in a row ran 1 MiB writes 0.80-0.81x of the second,
+          # whichever binary it was.
           order=(ts kit qemu)
           turn=$((turn + 1))
           for who in "${order[@]:turn%3}" "${order[@]:0:turn%3}"; do
@@ -292,10 +294,14 @@ for kind in $devices; do
           $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && met=$((met + 1))
           $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
           if [[ $kind != loop ]]; then
-            d=$(alone "$kind-$jobs-$w" "$rw" "$bs" "$depth" "$jobs")
-            note="; alone $d"
-            if $py -c "import sys; sys.exit(0 if 1.2*$best > ${d:-0} else 1)"; then
-              beyond=$((beyond + 1)) note="$note (1.2x the peer is beyond it)"
+            alone "$kind-$jobs-$w" "$rw" "$bs" "$depth" "$jobs"
+            if [[ -z $alone_iops || $alone_iops == 0 ]]; then
+              note="; alone: fio moved nothing"
+            else
+              note="; alone $alone_iops"
+              if $py -c "import sys; sys.exit(0 if 1.2*$best > $alone_iops else 1)"; then
+                beyond=$((beyond + 1)) note="$note (1.2x the peer is beyond it)"
+              fi
             fi
           fi
         fi
