@@ -448,8 +448,13 @@ fn the_log_of_a_killed_server_is_refused_whole_and_read_salvaged() {
     let o = tagstripe(&["crash", "info", l]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
+    // The recorder's thread may have been writing a record out when it was killed (its
+    // buffer is written when the queue falls idle, and the client's flush does not wait
+    // for it): the log then ends in a torn record instead (seen once in CI, 2026-12-05).
+    // Either way the strict reader refuses it and points at --salvage.
     assert!(
-        err.contains("no end record") && err.contains("--salvage"),
+        (err.contains("no end record") || err.contains("a torn record"))
+            && err.contains("--salvage"),
         "{err}"
     );
     let o = tagstripe(&["crash", "info", l, "--salvage", "--json"]);
