@@ -905,17 +905,19 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
     code
 }
 
-/// The server's counters in one line: connections, requests, failures, bytes.
+/// The server's counters in one line: connections, requests, failures, bytes (and those of
+/// the bytes read that went to the socket as the page cache's own pages).
 fn counters_line(server: &NbdServer) -> String {
     let c = server.counters();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     format!(
-        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written",
+        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written, {} bytes sent from the page cache",
         get(&c.connections),
         get(&c.requests),
         get(&c.error_replies),
         get(&c.bytes_read),
         get(&c.bytes_written),
+        get(&c.bytes_sent_from_cache),
     )
 }
 

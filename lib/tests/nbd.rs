@@ -257,29 +257,41 @@ async fn o_direct_requests_plugged_by_the_server_complete_and_read_back() {
     writes_then_reads_over_nbd("plugged", true).await;
 }
 
+/// `files` zeroed files in `dir` of `bytes` between them, opened as `serve` opens them (with
+/// `O_DIRECT` if `direct`): the one file itself, or a striped volume of them with chunks of
+/// `interleave` sectors.
+async fn files_device(
+    dir: &std::path::Path,
+    files: usize,
+    bytes: usize,
+    direct: bool,
+    interleave: u64,
+) -> Arc<dyn DynBlockDevice> {
+    let mut comps = Vec::new();
+    for i in 0..files {
+        let img = dir.join(format!("disk{files}-{i}.img"));
+        std::fs::write(&img, vec![0u8; bytes / files]).unwrap();
+        let opts = tagstripe::OpenOptions::new().direct(direct);
+        comps.push(tagstripe::open(img.to_str().unwrap(), &opts).await.unwrap());
+    }
+    if files == 1 {
+        return comps.remove(0);
+    }
+    let vol = Volume::builder(comps)
+        .interleave(interleave)
+        .quirks(QuirkSet::empty())
+        .build()
+        .unwrap();
+    Arc::new(vol)
+}
+
 /// Serves one file and then a striped volume of four (opened as `serve` opens them, with
 /// `O_DIRECT` if `direct`) and runs 6 rounds of 16 concurrent regions: a write of 512 KiB,
 /// then a read of it whole and of a 64 KiB piece; then reads a region never written.
 async fn writes_then_reads_over_nbd(name: &str, direct: bool) {
     let dir = scratch(name);
     for files in [1usize, 4] {
-        let mut comps = Vec::new();
-        for i in 0..files {
-            let img = dir.join(format!("disk{files}-{i}.img"));
-            std::fs::write(&img, vec![0u8; (9 << 20) / files]).unwrap();
-            let opts = tagstripe::OpenOptions::new().direct(direct);
-            comps.push(tagstripe::open(img.to_str().unwrap(), &opts).await.unwrap());
-        }
-        let dev: Arc<dyn DynBlockDevice> = if files == 1 {
-            comps.remove(0)
-        } else {
-            let vol = Volume::builder(comps)
-                .interleave(128)
-                .quirks(QuirkSet::empty())
-                .build()
-                .unwrap();
-            Arc::new(vol)
-        };
+        let dev = files_device(&dir, files, 9 << 20, direct, 128).await;
         let (base, _s) = start(NbdServer::new(ServerConfig::default()).export("d", dev)).await;
         let d = Arc::new(NbdDevice::connect(&format!("{base}/d")).await.unwrap());
         const REGION: u64 = 1024; // sectors: 512 KiB
@@ -313,6 +325,76 @@ async fn writes_then_reads_over_nbd(name: &str, direct: bool) {
         }
         let untouched = d.read(16 * REGION, 1024, IoOpts::new()).await.unwrap();
         assert!(untouched.iter().all(|&b| b == 0), "{files} files");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Large reads of cached data over a Unix socket go to the socket as the page cache's own
+/// pages (`sendfile`): what arrives is what was written, a rewrite shows in the next read
+/// (the pages are sent as they are, not a stale copy), for one file and for a striped volume
+/// of two (a reply in several views); the server counts the bytes so sent. Over TCP it
+/// never sends that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_cached_reads_over_a_unix_socket_are_sent_from_the_page_cache() {
+    let dir = scratch("sendfile");
+    for files in [1usize, 2] {
+        let dev = files_device(&dir, files, 8 << 20, false, 1024).await;
+        let sock = dir.join(format!("s{files}.sock"));
+        let l = tokio::net::UnixListener::bind(&sock).unwrap();
+        let server =
+            Arc::new(NbdServer::new(ServerConfig::default()).export("d", Arc::clone(&dev)));
+        tokio::spawn(Arc::clone(&server).serve_unix(l));
+        let url = format!("nbd+unix:///d?socket={}", sock.display());
+        let d = NbdDevice::connect(&url).await.unwrap();
+        let (l, t) = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map(|l| (l.local_addr().unwrap(), l))
+            .unwrap();
+        let tcp_server = Arc::new(NbdServer::new(ServerConfig::default()).export("d", dev));
+        tokio::spawn(Arc::clone(&tcp_server).serve(t));
+        let over_tcp = NbdDevice::connect(&format!("nbd://{l}/d")).await.unwrap();
+        const MIB: u64 = 2048; // sectors
+        let mut sent = 0;
+        for round in 0..3u64 {
+            for m in 0..4u64 {
+                let want = pattern(round * 4 + m + 100 * files as u64, (MIB * 512) as usize);
+                d.write(m * MIB, Bytes::from(want.clone()), IoOpts::new())
+                    .await
+                    .unwrap();
+                let got = d.read(m * MIB, MIB, IoOpts::new()).await.unwrap();
+                assert!(got == want, "{files} files, round {round}, MiB {m}");
+                // Unaligned to the views' pages and to the volume's chunks: 640 KiB from
+                // 96 KiB in.
+                let piece = d.read(m * MIB + 192, 1280, IoOpts::new()).await.unwrap();
+                assert!(
+                    piece == want[192 * 512..1472 * 512],
+                    "{files} files, round {round}, MiB {m}"
+                );
+                let by_tcp = over_tcp.read(m * MIB, MIB, IoOpts::new()).await.unwrap();
+                assert!(
+                    by_tcp == want,
+                    "{files} files over TCP, round {round}, MiB {m}"
+                );
+            }
+            let now = server
+                .counters()
+                .bytes_sent_from_cache
+                .load(std::sync::atomic::Ordering::Relaxed);
+            assert!(
+                now >= sent + 4 * (1 << 20),
+                "{files} files, round {round}: {} bytes sent from the page cache",
+                now - sent
+            );
+            sent = now;
+        }
+        assert_eq!(
+            tcp_server
+                .counters()
+                .bytes_sent_from_cache
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "TCP never sends from the page cache"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -7,8 +7,8 @@
 //! costs the latter about 3%; docs/nbd-performance.md).
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 
@@ -26,6 +26,32 @@ pub(crate) struct Mapped {
     page: usize,
     /// A regular file (not a block device), whose size another process may cut.
     regular: bool,
+    /// The file mapped (a descriptor of its own), for [`file_range`]'s callers: `None` if it
+    /// could not be duplicated.
+    file: Option<File>,
+}
+
+/// Every live mapping, by its first byte and length: how bytes handed out as views are
+/// traced back to their file ([`file_range`]).
+static LIVE: parking_lot::RwLock<Vec<(usize, usize, Weak<Mapped>)>> =
+    parking_lot::RwLock::new(Vec::new());
+
+/// The file and offset of `bytes` if they are a view of a live mapping (as
+/// [`BlockDevice::read_to_send`](crate::BlockDevice::read_to_send) hands out): a socket can
+/// then be given the file's pages themselves (`sendfile`) instead of a copy of them. The
+/// mapping returned keeps its file open.
+pub(crate) fn file_range(bytes: &[u8]) -> Option<(Arc<Mapped>, u64)> {
+    let (p, len) = (bytes.as_ptr() as usize, bytes.len());
+    if len < MAPPED_FROM {
+        return None;
+    }
+    let live = LIVE.read();
+    let (addr, _, map) = live
+        .iter()
+        .find(|(addr, l, _)| p >= *addr && p.checked_add(len).is_some_and(|e| e <= addr + l))?;
+    let map = map.upgrade()?;
+    map.file.as_ref()?;
+    Some((map, (p - addr) as u64))
 }
 
 impl Mapped {
@@ -56,12 +82,20 @@ impl Mapped {
             .filter(|p| p.is_power_of_two())
             .unwrap_or(4096);
         let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
-        Some(Arc::new(Self {
+        let map = Arc::new(Self {
             addr: p as usize,
             len,
             page,
             regular,
-        }))
+            file: file.try_clone().ok(),
+        });
+        LIVE.write().push((map.addr, map.len, Arc::downgrade(&map)));
+        Some(map)
+    }
+
+    /// The file mapped (see [`file_range`]).
+    pub(crate) fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(AsFd::as_fd)
     }
 
     /// The bytes at `off..off + len` as a view of the mapping, if they lie inside it, are
@@ -124,6 +158,7 @@ fn size_now(file: &File) -> Option<u64> {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
+        LIVE.write().retain(|(addr, _, _)| *addr != self.addr);
         // SAFETY: unmaps exactly what `new` mapped; no view is left (each holds an `Arc`).
         unsafe {
             libc::munmap(self.addr as *mut libc::c_void, self.len);

@@ -2,7 +2,7 @@
 
 mod fault;
 mod file;
-mod mapped;
+pub(crate) mod mapped;
 mod mem;
 mod sim;
 #[cfg(feature = "uring")]

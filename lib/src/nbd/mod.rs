@@ -9,6 +9,7 @@
 
 mod allow;
 mod client;
+mod sendfile;
 mod server;
 #[cfg(feature = "tls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]

@@ -1,6 +1,7 @@
 //! The NBD server: exports block devices (volumes) to any NBD client.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
@@ -14,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
+use super::sendfile::Sender;
 use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Volume, Zeroes};
 use tagstripe_nbd_proto::proto::errno;
 use tagstripe_nbd_proto::session::{
@@ -220,6 +222,9 @@ pub struct ServerCounters {
     /// Connections still negotiating that were closed to make room for a newcomer (see
     /// [`ServerConfig::max_connections`]).
     pub evicted: AtomicU64,
+    /// Bytes of read replies handed to a Unix socket as the page cache's own pages
+    /// (`sendfile`) instead of copied into the socket.
+    pub bytes_sent_from_cache: AtomicU64,
 }
 
 /// How far a connection has come, for choosing which gives way when every slot is taken.
@@ -448,7 +453,8 @@ impl NbdServer {
                     if me.config.allow.allows(peer.ip()) {
                         tracing::info!(target: "tagstripe::nbd", peer = %peer, "connection");
                         let _ = s.set_nodelay(true);
-                        return Ok(s);
+                        // No `sendfile` over TCP: see `sendfile.rs`.
+                        return Ok((s, None));
                     }
                     // Not on the allow-list: closed before a byte is sent.
                     me.counters.refused.fetch_add(1, Relaxed);
@@ -460,7 +466,8 @@ impl NbdServer {
     }
 
     /// Accepts connections on a Unix socket until the listener fails (clients reach it as
-    /// `nbd+unix:///NAME?socket=PATH`).
+    /// `nbd+unix:///NAME?socket=PATH`). Large reads of cached data go to the socket as the
+    /// page cache's own pages (`sendfile`), not copied.
     ///
     /// # Errors
     /// The listener's error.
@@ -469,7 +476,8 @@ impl NbdServer {
         self.accept_loop(move || async move {
             let s = l.accept().await?.0;
             grow_send_buffer(&s);
-            Ok(s)
+            let zc = Sender::new(s.as_fd());
+            Ok((s, zc))
         })
         .await
     }
@@ -480,14 +488,14 @@ impl NbdServer {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         F: FnMut() -> Fut,
-        Fut: Future<Output = std::io::Result<S>>,
+        Fut: Future<Output = std::io::Result<(S, Option<Sender>)>>,
     {
         let slots = Arc::new(Semaphore::new(self.config.max_connections));
         let conns = Arc::new(Slots::default());
         let mut stop = self.stop.subscribe();
         let mut next_id = 0u64;
         loop {
-            let stream = tokio::select! {
+            let (stream, zc) = tokio::select! {
                 s = accept() => s?,
                 _ = stop.wait_for(|&v| v) => break,
             };
@@ -515,7 +523,7 @@ impl NbdServer {
             let conns = Arc::clone(&conns);
             tokio::spawn(async move {
                 let class = me.config.class;
-                let _ = me.serve_slot(stream, class, Some(&slot)).await;
+                let _ = me.serve_slot(stream, class, Some(&slot), zc).await;
                 conns.0.lock().remove(&id);
                 drop(permit);
             });
@@ -555,16 +563,18 @@ impl NbdServer {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.serve_slot(stream, class, None).await
+        self.serve_slot(stream, class, None, None).await
     }
 
     /// [`serve_connection`](Self::serve_connection), in `slot` of the accept loop's (its
-    /// phase kept up to date; closed if told to give way).
+    /// phase kept up to date; closed if told to give way), with `zc` sending replies from the
+    /// page cache where it can (not over TLS).
     async fn serve_slot<S>(
         &self,
         stream: S,
         class: IoClass,
         slot: Option<&Slot>,
+        zc: Option<Sender>,
     ) -> Result<(), Error>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -594,7 +604,7 @@ impl NbdServer {
             slot,
             class,
         };
-        let upgraded = self.drive(&mut s, stream, &mut d).await;
+        let upgraded = self.drive(&mut s, stream, &mut d, zc.as_ref()).await;
         #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut tls_failure: Option<String> = None;
         if let Some(raw) = upgraded {
@@ -618,7 +628,7 @@ impl NbdServer {
                     None => d.evicted = true,
                     Some(Ok(Ok(stream))) => {
                         if s.tls_established().is_ok() {
-                            let _ = self.drive(&mut s, stream, &mut d).await;
+                            let _ = self.drive(&mut s, stream, &mut d, None).await;
                         }
                     }
                     Some(Ok(Err(e))) => tls_failure = Some(super::tls::handshake_failure(&e)),
@@ -676,8 +686,15 @@ impl NbdServer {
 
     /// Runs session `s` over `stream` until the connection is over (`None`), or until the
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
-    /// TLS handshake.
-    async fn drive<S>(&self, s: &mut ServerSession, stream: S, d: &mut Drive<'_>) -> Option<S>
+    /// TLS handshake. Replies with payloads from the page cache go out through `zc` if
+    /// given (the plain socket under `stream`).
+    async fn drive<S>(
+        &self,
+        s: &mut ServerSession,
+        stream: S,
+        d: &mut Drive<'_>,
+        zc: Option<&Sender>,
+    ) -> Option<S>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -697,8 +714,17 @@ impl NbdServer {
             // Send what is ready (the budget of what was sent is freed as it is taken), in
             // one gathered write where the stream takes one.
             out.extend(std::iter::from_fn(|| s.take_output()));
-            if !out.is_empty() && !broken && send_all(&mut w, &out).await.is_err() {
-                broken = true;
+            if !out.is_empty() && !broken {
+                let sent = match zc {
+                    Some(zc) if zc.wants(&out) => zc.send(&out).await.map(|n| {
+                        self.counters.bytes_sent_from_cache.fetch_add(n, Relaxed);
+                    }),
+                    _ => send_all(&mut w, &out).await,
+                };
+                if let Err(e) = sent {
+                    tracing::debug!(target: "tagstripe::nbd", error = %e, "sending replies failed");
+                    broken = true;
+                }
             }
             out.clear();
             if broken && !eof {
