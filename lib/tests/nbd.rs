@@ -332,13 +332,14 @@ async fn writes_then_reads_over_nbd(name: &str, direct: bool) {
 /// Large reads of cached data over a Unix socket go to the socket as the page cache's own
 /// pages (`sendfile`): what arrives is what was written, a rewrite shows in the next read
 /// (the pages are sent as they are, not a stale copy), for one file and for a striped volume
-/// of two (a reply in several views); the server counts the bytes so sent. Over TCP it
+/// of two with a 64 KiB interleave (a reply in 16 views, each smaller than what is sent from
+/// the page cache alone, together larger); the server counts the bytes so sent. Over TCP it
 /// never sends that way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_cached_reads_over_a_unix_socket_are_sent_from_the_page_cache() {
     let dir = scratch("sendfile");
     for files in [1usize, 2] {
-        let dev = files_device(&dir, files, 8 << 20, false, 1024).await;
+        let dev = files_device(&dir, files, 8 << 20, false, 128).await;
         let sock = dir.join(format!("s{files}.sock"));
         let l = tokio::net::UnixListener::bind(&sock).unwrap();
         let server =

@@ -715,11 +715,11 @@ impl NbdServer {
             // one gathered write where the stream takes one.
             out.extend(std::iter::from_fn(|| s.take_output()));
             if !out.is_empty() && !broken {
-                let sent = match zc {
-                    Some(zc) if zc.wants(&out) => zc.send(&out).await.map(|n| {
+                let sent = match zc.and_then(|zc| Some((zc, zc.plan(&out)?))) {
+                    Some((zc, plan)) => zc.send(&out, plan).await.map(|n| {
                         self.counters.bytes_sent_from_cache.fetch_add(n, Relaxed);
                     }),
-                    _ => send_all(&mut w, &out).await,
+                    None => send_all(&mut w, &out).await,
                 };
                 if let Err(e) = sent {
                     tracing::debug!(target: "tagstripe::nbd", error = %e, "sending replies failed");
