@@ -309,6 +309,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_socket_that_refuses_sendfile_gets_the_views_copied() {
+        let (dir, f, data) = mapped_file("refused", 1 << 20);
+        let map = Mapped::new(&f, data.len() as u64).unwrap();
+        let (a, mut b) = tokio::net::UnixStream::pair().unwrap();
+        // Linux refuses to splice into a descriptor opened for appending (EINVAL), which a
+        // socket's flags may say: the sender then copies, for this view and from then on.
+        // SAFETY: F_GETFL and F_SETFL on a socket this test owns; no memory is passed.
+        let set = unsafe {
+            let fl = libc::fcntl(a.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(a.as_raw_fd(), libc::F_SETFL, fl | libc::O_APPEND)
+        };
+        assert_eq!(set, 0, "{}", io::Error::last_os_error());
+        let sender = Sender::new(a.as_fd()).unwrap();
+        for round in 0..2 {
+            let chunks = [
+                Bytes::from_static(b"hdr"),
+                map.cached(&f, 256 << 10, 512 << 10).unwrap(),
+            ];
+            let want: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
+            let plan = sender.plan(&chunks);
+            assert_eq!(plan.is_some(), round == 0, "round {round}: tried only once");
+            let mut got = vec![0u8; want.len()];
+            let send = async {
+                match plan {
+                    Some(plan) => sender.send(&chunks, plan).await,
+                    None => sender.send_memory(&chunks, false).await.map(|()| 0),
+                }
+            };
+            let (sent, read) = tokio::join!(send, b.read_exact(&mut got));
+            read.unwrap();
+            assert_eq!(sent.unwrap(), 0, "round {round}: nothing by sendfile");
+            assert!(got == want, "round {round}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
     async fn a_file_cut_short_under_its_view_ends_the_reply_with_an_error() {
         let (dir, f, data) = mapped_file("cut", 1 << 20);
         let map = Mapped::new(&f, data.len() as u64).unwrap();
