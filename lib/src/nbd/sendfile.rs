@@ -33,8 +33,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::backend::mapped;
 
-/// Chunks given to one `sendmsg` at most (Linux's `UIO_MAXIOV` is 1024).
-const IOV_AT_ONCE: usize = 64;
+/// Chunks given to one gathered write at most (`sendmsg` here, `writev` in the server's
+/// `send_all`; Linux's `UIO_MAXIOV` is 1024).
+pub(super) const IOV_AT_ONCE: usize = 64;
 
 /// The smallest payload sent with `sendfile` (see the module's measurements).
 pub(super) const SENDFILE_FROM: usize = 256 << 10;
@@ -74,7 +75,9 @@ impl Sender {
     /// so that a striped volume's 1 MiB read, 16 views of 64 KiB on 4 files, goes as one
     /// device's does. `None` if none (the chunks are better written the usual way).
     pub(super) fn plan(&self, chunks: &[Bytes]) -> Option<Plan> {
-        if self.refused.load(Relaxed) || !chunks.iter().any(|c| c.len() >= mapped::MAPPED_FROM) {
+        if self.refused.load(Relaxed) || longest_run(chunks) < SENDFILE_FROM {
+            // No run of chunks large enough to be views could reach the size: no lookup,
+            // no allocation (a batch of 64 KiB replies).
             return None;
         }
         let mut plan: Vec<_> = chunks.iter().map(|c| mapped::file_range(c)).collect();
@@ -195,6 +198,21 @@ impl Sender {
             }
         }
     }
+}
+
+/// The most bytes in chunks one after the other, each large enough to be a view
+/// ([`mapped::MAPPED_FROM`]).
+fn longest_run(chunks: &[Bytes]) -> usize {
+    let (mut run, mut longest) = (0, 0);
+    for c in chunks {
+        run = if c.len() >= mapped::MAPPED_FROM {
+            run + c.len()
+        } else {
+            0
+        };
+        longest = longest.max(run);
+    }
+    longest
 }
 
 /// `sendfile`'s refusals of a socket or file that does not take it.

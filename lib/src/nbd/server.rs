@@ -883,7 +883,9 @@ async fn send_all<W: AsyncWrite + Unpin>(w: &mut W, chunks: &[Bytes]) -> std::io
         .collect();
     let mut rest = &mut left[..];
     while !rest.is_empty() {
-        let n = w.write_vectored(&rest[..rest.len().min(64)]).await?;
+        let n = w
+            .write_vectored(&rest[..rest.len().min(super::sendfile::IOV_AT_ONCE)])
+            .await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
