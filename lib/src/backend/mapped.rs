@@ -7,8 +7,12 @@
 //! costs the latter about 3%; docs/nbd-performance.md).
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::{Arc, Weak};
+use std::os::fd::AsRawFd;
+#[cfg(feature = "nbd")]
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+#[cfg(feature = "nbd")]
+use std::sync::Weak;
 
 use bytes::Bytes;
 
@@ -28,11 +32,13 @@ pub(crate) struct Mapped {
     regular: bool,
     /// The file mapped (a descriptor of its own), for [`file_range`]'s callers: `None` if it
     /// could not be duplicated.
+    #[cfg(feature = "nbd")]
     file: Option<File>,
 }
 
 /// Every live mapping, by its first byte and length: how bytes handed out as views are
 /// traced back to their file ([`file_range`]).
+#[cfg(feature = "nbd")]
 static LIVE: parking_lot::RwLock<Vec<(usize, usize, Weak<Mapped>)>> =
     parking_lot::RwLock::new(Vec::new());
 
@@ -40,6 +46,7 @@ static LIVE: parking_lot::RwLock<Vec<(usize, usize, Weak<Mapped>)>> =
 /// [`BlockDevice::read_to_send`](crate::BlockDevice::read_to_send) hands out): a socket can
 /// then be given the file's pages themselves (`sendfile`) instead of a copy of them. The
 /// mapping returned keeps its file open.
+#[cfg(feature = "nbd")]
 pub(crate) fn file_range(bytes: &[u8]) -> Option<(Arc<Mapped>, u64)> {
     let (p, len) = (bytes.as_ptr() as usize, bytes.len());
     if len < MAPPED_FROM {
@@ -87,13 +94,16 @@ impl Mapped {
             len,
             page,
             regular,
+            #[cfg(feature = "nbd")]
             file: file.try_clone().ok(),
         });
+        #[cfg(feature = "nbd")]
         LIVE.write().push((map.addr, map.len, Arc::downgrade(&map)));
         Some(map)
     }
 
     /// The file mapped (see [`file_range`]).
+    #[cfg(feature = "nbd")]
     pub(crate) fn fd(&self) -> Option<BorrowedFd<'_>> {
         self.file.as_ref().map(AsFd::as_fd)
     }
@@ -158,6 +168,7 @@ fn size_now(file: &File) -> Option<u64> {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
+        #[cfg(feature = "nbd")]
         LIVE.write().retain(|(addr, _, _)| *addr != self.addr);
         // SAFETY: unmaps exactly what `new` mapped; no view is left (each holds an `Arc`).
         unsafe {
