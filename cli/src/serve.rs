@@ -906,18 +906,20 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
 }
 
 /// The server's counters in one line: connections, requests, failures, bytes (and those of
-/// the bytes read that went to the socket as the page cache's own pages).
+/// the bytes read that went to the socket as the page cache's own pages, and of the bytes
+/// written that came off the socket into pipes).
 fn counters_line(server: &NbdServer) -> String {
     let c = server.counters();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     format!(
-        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written, {} bytes sent from the page cache",
+        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written, {} bytes sent from the page cache, {} bytes received into pipes",
         get(&c.connections),
         get(&c.requests),
         get(&c.error_replies),
         get(&c.bytes_read),
         get(&c.bytes_written),
         get(&c.bytes_sent_from_cache),
+        get(&c.bytes_received_into_pipes),
     )
 }
 

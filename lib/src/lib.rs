@@ -57,6 +57,7 @@ mod model;
 #[cfg_attr(docsrs, doc(cfg(feature = "nbd")))]
 pub mod nbd;
 mod open;
+mod piped;
 mod plug;
 mod shard;
 mod stats;
@@ -82,6 +83,7 @@ pub use layers::{
 };
 pub use model::{ByteModel, Check};
 pub use open::{OpenOptions, open, parse_size};
+pub use piped::Piped;
 pub use plug::Plugged;
 pub use stats::{Stats, StatsSnapshot};
 pub use volume::{IntoComponent, Layer, Volume, VolumeBuilder};

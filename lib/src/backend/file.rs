@@ -315,6 +315,32 @@ impl BlockDevice for FileDevice {
         .await
     }
 
+    /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).
+    fn takes_piped_writes(&self) -> bool {
+        !self.direct
+    }
+
+    /// Through the page cache, the pipe's bytes are `splice`d into the file on the
+    /// blocking pool; with `O_DIRECT`, read into memory and written.
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        if self.direct {
+            let bytes = data
+                .into_bytes()
+                .map_err(|e| self.err("write", start, sectors, e))?;
+            return self.write(start, bytes, opts).await;
+        }
+        let offset = start * 512;
+        self.blocking("write", start, sectors, move |f| {
+            data.write_to(f, offset)?;
+            if opts.fua {
+                f.sync_data()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// One trip to the blocking pool for all the parts (written one after the other).
     /// Under `O_DIRECT`, parts that cannot go as they are (not aligned in memory, or not
     /// whole logical blocks) are gathered into one aligned buffer first.

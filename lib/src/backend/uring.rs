@@ -670,26 +670,36 @@ impl UringDevice {
         parts: Vec<Bytes>,
         offset: u64,
     ) -> io::Result<()> {
-        use std::sync::atomic::Ordering::Relaxed;
-        fn write_all(file: &File, parts: &[Bytes], offset: u64) -> io::Result<()> {
+        self.buffered_with(b, move |file| {
             use std::os::unix::fs::FileExt;
             let mut at = offset;
-            for p in parts {
+            for p in &parts {
                 file.write_all_at(p, at)?;
                 at += p.len() as u64;
             }
             Ok(())
-        }
+        })
+        .await
+    }
+
+    /// Runs `write` (a write through the page cache) on this thread, or on tokio's
+    /// blocking pool while the kernel holds back writers (see [`BufferedWrites`]).
+    async fn buffered_with(
+        &self,
+        b: &BufferedWrites,
+        write: impl FnOnce(&File) -> io::Result<()> + Send + 'static,
+    ) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let now = ns(b.epoch.elapsed());
         if now < b.pool_until.load(Relaxed) {
             let shared = Arc::clone(&self.shared);
-            return tokio::task::spawn_blocking(move || write_all(&shared.file, &parts, offset))
+            return tokio::task::spawn_blocking(move || write(&shared.file))
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e)));
         }
         let t = std::time::Instant::now();
-        let r = write_all(&self.shared.file, &parts, offset);
+        let r = write(&self.shared.file);
         if ns(t.elapsed()) > WRITE_WAITED {
             b.pool_until.store(now.saturating_add(POOL_FOR), Relaxed);
         }
@@ -863,6 +873,41 @@ impl BlockDevice for UringDevice {
                 .map_err(|_| self.closed())?
                 .map_err(self.io("write", start, sectors))?;
         }
+        if opts.fua {
+            self.fsync("write", start, sectors).await?;
+        }
+        Ok(())
+    }
+
+    /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).
+    fn takes_piped_writes(&self) -> bool {
+        !self.direct
+    }
+
+    /// Through the page cache, the pipe's bytes are `splice`d into the file: on this
+    /// thread for a file in memory or a block device (as [`write`](Self::write)'s `pwrite`),
+    /// else on tokio's blocking pool. With `O_DIRECT`, read into memory and written.
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        if self.direct {
+            let bytes = data
+                .into_bytes()
+                .map_err(self.io("write", start, sectors))?;
+            return self.write(start, bytes, opts).await;
+        }
+        let offset = start * 512;
+        let r = if let Some(b) = &self.buffered {
+            self.buffered_with(b, move |f| data.write_to(f, offset))
+                .await
+        } else if matches!(self.inline, Inline::Always) {
+            data.write_to(&self.shared.file, offset)
+        } else {
+            let shared = Arc::clone(&self.shared);
+            tokio::task::spawn_blocking(move || data.write_to(&shared.file, offset))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)))
+        };
+        r.map_err(self.io("write", start, sectors))?;
         if opts.fua {
             self.fsync("write", start, sectors).await?;
         }

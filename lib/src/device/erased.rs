@@ -73,6 +73,11 @@ pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
         parts: Vec<Bytes>,
         opts: IoOpts,
     ) -> BoxFuture<'_, ()>;
+    /// [`BlockDevice::takes_piped_writes`](crate::BlockDevice::takes_piped_writes).
+    fn erased_takes_piped_writes(&self) -> bool;
+    /// [`BlockDevice::write_piped`](crate::BlockDevice::write_piped).
+    fn erased_write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts)
+    -> BoxFuture<'_, ()>;
     /// [`BlockDevice::flush`](crate::BlockDevice::flush).
     fn erased_flush(&self, opts: IoOpts) -> BoxFuture<'_, ()>;
     /// [`BlockDevice::discard`](crate::BlockDevice::discard).
@@ -136,6 +141,17 @@ impl<D: BlockDevice> DynBlockDevice for D {
         opts: IoOpts,
     ) -> BoxFuture<'_, ()> {
         Box::pin(self.write_vectored(start, parts, opts))
+    }
+    fn erased_takes_piped_writes(&self) -> bool {
+        self.takes_piped_writes()
+    }
+    fn erased_write_piped(
+        &self,
+        start: u64,
+        data: crate::Piped,
+        opts: IoOpts,
+    ) -> BoxFuture<'_, ()> {
+        Box::pin(self.write_piped(start, data, opts))
     }
     fn erased_flush(&self, opts: IoOpts) -> BoxFuture<'_, ()> {
         Box::pin(self.flush(opts))
@@ -217,6 +233,17 @@ impl BlockDevice for dyn DynBlockDevice + '_ {
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
         self.erased_write_vectored(start, parts, opts)
+    }
+    fn takes_piped_writes(&self) -> bool {
+        self.erased_takes_piped_writes()
+    }
+    fn write_piped(
+        &self,
+        start: u64,
+        data: crate::Piped,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.erased_write_piped(start, data, opts)
     }
     fn flush(&self, opts: IoOpts) -> impl Future<Output = Result<()>> + Send {
         self.erased_flush(opts)

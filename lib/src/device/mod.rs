@@ -66,6 +66,17 @@ macro_rules! forward_io {
         ) -> impl Future<Output = $crate::Result<()>> + Send {
             $dev.write_vectored(start, parts, opts)
         }
+        fn takes_piped_writes(&$s) -> bool {
+            $dev.takes_piped_writes()
+        }
+        fn write_piped(
+            &$s,
+            start: u64,
+            data: $crate::Piped,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            $dev.write_piped(start, data, opts)
+        }
         fn flush(&$s, opts: $crate::IoOpts) -> impl Future<Output = $crate::Result<()>> + Send {
             $dev.flush(opts)
         }
@@ -151,6 +162,17 @@ macro_rules! forward_io {
         ) -> $crate::Result<()> {
             $dev.write_vectored(start, parts, opts).await
         }
+        fn takes_piped_writes(&$s) -> bool {
+            $dev.takes_piped_writes()
+        }
+        async fn write_piped(
+            &$s,
+            start: u64,
+            data: $crate::Piped,
+            opts: $crate::IoOpts,
+        ) -> $crate::Result<()> {
+            $dev.write_piped(start, data, opts).await
+        }
         async fn flush(&$s, opts: $crate::IoOpts) -> $crate::Result<()> {
             $dev.flush(opts).await
         }
@@ -180,7 +202,7 @@ mod request;
 
 use bytes::Bytes;
 
-use crate::{Error, Result};
+use crate::{Error, Piped, Result};
 
 pub(crate) use checks::*;
 pub use erased::{BoxFuture, DynBlockDevice};
@@ -418,6 +440,61 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
         write_parts(self, start, parts, opts)
+    }
+
+    /// Whether [`write_piped`](Self::write_piped) sends a payload's piped bytes on to the
+    /// device without reading them into memory first: a server asks before it takes write
+    /// payloads off its socket into pipes (which only pays where they stay there). True for
+    /// the io_uring and file backends through the page cache; false by default, and for
+    /// every layer that looks at or keeps the bytes it writes (the tagged queue, a striped
+    /// volume, a recording).
+    fn takes_piped_writes(&self) -> bool {
+        false
+    }
+
+    /// Writes `data` (whole sectors, in memory and in a kernel pipe: see [`Piped`]) at
+    /// `start`. The io_uring and file backends through the page cache `splice` the pipe's
+    /// bytes into the file (the page cache's copy, and no other); the default reads them
+    /// into memory ([`Piped::into_bytes`]) and calls [`write`](Self::write), so every
+    /// device takes such a payload. A pipe's bytes can be read once: a write that fails
+    /// has lost them (the caller reports the failure; it cannot retry).
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use std::os::fd::AsFd;
+    /// use bytes::Bytes;
+    /// use tagstripe::{BlockDevice, IoOpts, MemDevice, Piped};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let (mut client, server) = std::os::unix::net::UnixStream::pair()?;
+    /// client.write_all(&[3u8; 4096])?;
+    /// let mut p = Piped::new(Bytes::new(), 4096);
+    /// while p.len() < 4096 {
+    ///     p.fill_from(server.as_fd(), 4096 - p.len())?;
+    /// }
+    /// let d = MemDevice::new("m", 64);
+    /// assert!(!d.takes_piped_writes()); // read into memory, then written
+    /// d.write_piped(8, p, IoOpts::new()).await?;
+    /// assert!(d.read(8, 8, IoOpts::new()).await?.iter().all(|&b| b == 3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    fn write_piped(
+        &self,
+        start: u64,
+        data: Piped,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let sectors = data.len() as u64 / 512;
+            let bytes = data.into_bytes().map_err(|source| Error::Io {
+                device: self.info().name.clone(),
+                op: "write",
+                start,
+                sectors,
+                source,
+            })?;
+            self.write(start, bytes, opts).await
+        }
     }
 
     /// Makes completed writes durable.

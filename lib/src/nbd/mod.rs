@@ -11,6 +11,7 @@ mod allow;
 mod client;
 mod sendfile;
 mod server;
+mod splice;
 #[cfg(feature = "tls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;

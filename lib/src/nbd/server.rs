@@ -16,7 +16,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
 use super::sendfile::Sender;
-use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Volume, Zeroes};
+use super::splice::{HAND_OFF_FROM, HAND_OFF_MAX, Receiver};
+use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Piped, Volume, Zeroes};
 use tagstripe_nbd_proto::proto::errno;
 use tagstripe_nbd_proto::session::{
     BlockLimits, Catalog, ComponentLayout, ExportCaps, ExportEntry, Failure, Op, OpKind, Outcome,
@@ -225,6 +226,9 @@ pub struct ServerCounters {
     /// Bytes of read replies handed to a Unix socket as the page cache's own pages
     /// (`sendfile`) instead of copied into the socket.
     pub bytes_sent_from_cache: AtomicU64,
+    /// Bytes of write payloads taken off the socket into a pipe (`splice`) and written
+    /// from it, never copied into the server's memory.
+    pub bytes_received_into_pipes: AtomicU64,
 }
 
 /// How far a connection has come, for choosing which gives way when every slot is taken.
@@ -454,7 +458,11 @@ impl NbdServer {
                         tracing::info!(target: "tagstripe::nbd", peer = %peer, "connection");
                         let _ = s.set_nodelay(true);
                         // No `sendfile` over TCP: see `sendfile.rs`.
-                        return Ok((s, None));
+                        let raw = Raw {
+                            send: None,
+                            receive: Receiver::new(s.as_fd()),
+                        };
+                        return Ok((s, raw));
                     }
                     // Not on the allow-list: closed before a byte is sent.
                     me.counters.refused.fetch_add(1, Relaxed);
@@ -476,8 +484,11 @@ impl NbdServer {
         self.accept_loop(move || async move {
             let s = l.accept().await?.0;
             grow_send_buffer(&s);
-            let zc = Sender::new(s.as_fd());
-            Ok((s, zc))
+            let raw = Raw {
+                send: Sender::new(s.as_fd()),
+                receive: Receiver::new(s.as_fd()),
+            };
+            Ok((s, raw))
         })
         .await
     }
@@ -488,14 +499,14 @@ impl NbdServer {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         F: FnMut() -> Fut,
-        Fut: Future<Output = std::io::Result<(S, Option<Sender>)>>,
+        Fut: Future<Output = std::io::Result<(S, Raw)>>,
     {
         let slots = Arc::new(Semaphore::new(self.config.max_connections));
         let conns = Arc::new(Slots::default());
         let mut stop = self.stop.subscribe();
         let mut next_id = 0u64;
         loop {
-            let (stream, zc) = tokio::select! {
+            let (stream, raw) = tokio::select! {
                 s = accept() => s?,
                 _ = stop.wait_for(|&v| v) => break,
             };
@@ -523,7 +534,7 @@ impl NbdServer {
             let conns = Arc::clone(&conns);
             tokio::spawn(async move {
                 let class = me.config.class;
-                let _ = me.serve_slot(stream, class, Some(&slot), zc).await;
+                let _ = me.serve_slot(stream, class, Some(&slot), raw).await;
                 conns.0.lock().remove(&id);
                 drop(permit);
             });
@@ -563,18 +574,18 @@ impl NbdServer {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.serve_slot(stream, class, None, None).await
+        self.serve_slot(stream, class, None, Raw::default()).await
     }
 
     /// [`serve_connection`](Self::serve_connection), in `slot` of the accept loop's (its
-    /// phase kept up to date; closed if told to give way), with `zc` sending replies from the
-    /// page cache where it can (not over TLS).
+    /// phase kept up to date; closed if told to give way), with `raw` sending replies from
+    /// the page cache and taking write payloads into pipes where it can (not over TLS).
     async fn serve_slot<S>(
         &self,
         stream: S,
         class: IoClass,
         slot: Option<&Slot>,
-        zc: Option<Sender>,
+        raw: Raw,
     ) -> Result<(), Error>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -604,7 +615,7 @@ impl NbdServer {
             slot,
             class,
         };
-        let upgraded = self.drive(&mut s, stream, &mut d, zc.as_ref()).await;
+        let upgraded = self.drive(&mut s, stream, &mut d, &raw).await;
         #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut tls_failure: Option<String> = None;
         if let Some(raw) = upgraded {
@@ -628,7 +639,7 @@ impl NbdServer {
                     None => d.evicted = true,
                     Some(Ok(Ok(stream))) => {
                         if s.tls_established().is_ok() {
-                            let _ = self.drive(&mut s, stream, &mut d, None).await;
+                            let _ = self.drive(&mut s, stream, &mut d, &Raw::default()).await;
                         }
                     }
                     Some(Ok(Err(e))) => tls_failure = Some(super::tls::handshake_failure(&e)),
@@ -686,14 +697,15 @@ impl NbdServer {
 
     /// Runs session `s` over `stream` until the connection is over (`None`), or until the
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
-    /// TLS handshake. Replies with payloads from the page cache go out through `zc` if
-    /// given (the plain socket under `stream`).
+    /// TLS handshake. Through `raw` (the plain socket under `stream`), replies with payloads
+    /// from the page cache go out with `sendfile` and large write payloads come in with
+    /// `splice`, where it has them.
     async fn drive<S>(
         &self,
         s: &mut ServerSession,
         stream: S,
         d: &mut Drive<'_>,
-        zc: Option<&Sender>,
+        raw: &Raw,
     ) -> Option<S>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
@@ -708,6 +720,10 @@ impl NbdServer {
         let (mut eof, mut broken, mut stopped) = (false, false, false);
         let mut export: Option<Arc<Served>> = None;
         let class = d.class;
+        // A write whose payload is being taken off the socket into a pipe: the op, its
+        // payload so far, and the bytes it will hold.
+        let mut taking: Option<(Op, Piped, usize)> = None;
+        let zc = raw.send.as_ref();
         loop {
             // The counters follow the session as it goes.
             self.count(s.stats(), d);
@@ -732,21 +748,49 @@ impl NbdServer {
                 eof = true;
                 s.end_of_input();
             }
+            if eof {
+                if let Some((op, ..)) = taking.take() {
+                    // Its payload will not come: the write fails (and is answered to no one).
+                    let msg = "the connection closed inside the write's payload".to_owned();
+                    s.complete(op.id, Err((errno::EIO, msg)));
+                }
+            }
             if s.take_starttls() && !broken {
                 // Negotiation has nothing in flight: the stream goes to the handshake.
                 return Some(r.unsplit(w));
             }
-            while let Some(op) = s.poll_op() {
+            while let Some(mut op) = s.poll_op() {
                 // The export cannot change once ops flow: looked up once per connection.
                 if export.is_none() {
                     export = s.export().and_then(|e| self.served.get(&e.name)).cloned();
                 }
+                if op.on_stream > 0 {
+                    // The rest of its payload is taken off the socket below, before the
+                    // session reads on (the last op it lets out until then).
+                    let head = match &mut op.kind {
+                        OpKind::Write(head) => std::mem::take(head),
+                        _ => Bytes::new(),
+                    };
+                    let total = usize::try_from(op.length).unwrap_or(usize::MAX);
+                    let room = usize::try_from(op.on_stream).unwrap_or(usize::MAX);
+                    taking = Some((op, Piped::new(head, room), total));
+                    continue;
+                }
                 if let Some(e) = &export {
-                    running.push(Box::pin(self.run(Arc::clone(e), class, op)));
+                    running.push(Box::pin(self.run(Arc::clone(e), class, op, None)));
                 }
             }
             if !d.counted && s.transmitting() {
                 d.counted = true;
+                // Large write payloads into pipes, where the device writes from them.
+                if raw.receive.is_some() {
+                    let e = s.export().and_then(|e| self.served.get(&e.name));
+                    if e.is_some_and(|e| {
+                        !e.export.read_only && e.export.device.takes_piped_writes()
+                    }) {
+                        s.hand_off_payloads(Some((HAND_OFF_FROM, HAND_OFF_MAX)));
+                    }
+                }
                 self.counters.transmissions.fetch_add(1, Relaxed);
                 if let Some(slot) = d.slot {
                     slot.phase.store(PHASE_TRANSMITTING, Relaxed);
@@ -769,11 +813,19 @@ impl NbdServer {
                     None => std::future::pending().await,
                 }
             };
+            let is_taking = taking.is_some();
+            let take = async {
+                match (&mut taking, &raw.receive) {
+                    (Some((_, p, total)), Some(rx)) => rx.fill(p, *total).await,
+                    _ => std::future::pending().await,
+                }
+            };
             let event = tokio::select! {
                 // Plugged: the requests the ops start in one poll reach each device in
                 // one submission.
                 Some(done) = crate::Plugged::new(running.next()), if !running.is_empty() => Event::Done(done),
                 n = r.read_buf(s.input_buffer()), if want_read => Event::Read(n),
+                t = take, if is_taking => Event::Taken(t),
                 _ = stop.changed(), if !stopped => Event::Stop,
                 () = &mut deadline, if negotiating => Event::Timeout,
                 () = evict, if negotiating && !d.evicted => Event::Evict,
@@ -795,6 +847,22 @@ impl NbdServer {
                         batch += len;
                         s.complete(id, res);
                     }
+                }
+                Event::Taken(Ok(())) => {
+                    if let Some((op, p, _)) = taking.take() {
+                        self.counters
+                            .bytes_received_into_pipes
+                            .fetch_add(p.in_pipe() as u64, Relaxed);
+                        s.payload_taken();
+                        if let Some(e) = &export {
+                            running.push(Box::pin(self.run(Arc::clone(e), class, op, Some(p))));
+                        }
+                    }
+                }
+                Event::Taken(Err(e)) => {
+                    tracing::debug!(target: "tagstripe::nbd", error = %e, "receiving a write's payload failed");
+                    eof = true;
+                    s.end_of_input();
                 }
                 Event::Read(Ok(0) | Err(_)) => {
                     eof = true;
@@ -836,7 +904,9 @@ impl NbdServer {
     /// stay too: a cached one is a view of the page cache (`read_to_send`), with no copy to
     /// move away (1 MiB reads of a file in /dev/shm, one connection over a Unix socket,
     /// alternated: 1.06-1.08x the reads a second of running them apart).
-    async fn run(&self, e: Arc<Served>, class: IoClass, op: Op) -> Done {
+    ///
+    /// A write whose payload came into a pipe has it in `piped` (its op's data is empty).
+    async fn run(&self, e: Arc<Served>, class: IoClass, op: Op, piped: Option<Piped>) -> Done {
         let class = e.export.class.unwrap_or(class);
         let max = u64::from(self.config.max_request);
         let (id, len) = (op.id, op.length);
@@ -846,12 +916,12 @@ impl NbdServer {
             _ => None,
         };
         let res = if matches!(op.kind, OpKind::Write(_)) && len >= APART_FROM {
-            match tokio::spawn(async move { run_op(&e, class, max, op).await }).await {
+            match tokio::spawn(async move { run_op(&e, class, max, op, piped).await }).await {
                 Ok(r) => r,
                 Err(j) => Err((errno::EIO, format!("the request's task failed: {j}"))),
             }
         } else {
-            run_op(&e, class, max, op).await
+            run_op(&e, class, max, op, piped).await
         };
         if let (Some(c), Ok(_)) = (counter, &res) {
             c.fetch_add(len, Relaxed);
@@ -913,6 +983,15 @@ fn grow_send_buffer<S: std::os::fd::AsRawFd>(s: &S) {
     }
 }
 
+/// A connection's plain socket, for what only a socket does: replies sent from the page
+/// cache (Unix sockets), write payloads taken into pipes (TCP and Unix). Neither over TLS,
+/// nor for a stream served with [`NbdServer::serve_connection`].
+#[derive(Debug, Default)]
+struct Raw {
+    send: Option<Sender>,
+    receive: Option<Receiver>,
+}
+
 /// What one connection's drive keeps across a TLS upgrade.
 struct Drive<'a> {
     /// The end of the time allowed for negotiation (TLS handshake included).
@@ -935,6 +1014,8 @@ type Done = (u64, u64, Result<Outcome, Failure>);
 
 enum Event {
     Done(Done),
+    /// A write's payload was taken off the socket (or that failed).
+    Taken(std::io::Result<()>),
     Read(std::io::Result<usize>),
     Stop,
     Timeout,
@@ -960,7 +1041,13 @@ const CACHE_MAX: u64 = 128 << 20;
 /// Runs one op against the export's device. Offsets and lengths are bytes; with no block
 /// sizes agreed (`!op.strict`) they may be unaligned, and are served by read-modify-write
 /// (writes, and zeroing at the edges) with every other write to the export held off.
-async fn run_op(e: &Served, class: IoClass, max: u64, op: Op) -> Result<Outcome, Failure> {
+async fn run_op(
+    e: &Served,
+    class: IoClass,
+    max: u64,
+    op: Op,
+    piped: Option<Piped>,
+) -> Result<Outcome, Failure> {
     let rmw = &e.rmw;
     let dev = &e.export.device;
     let lbs = u64::from(dev.info().limits.logical_block_size.max(512));
@@ -1005,10 +1092,18 @@ async fn run_op(e: &Served, class: IoClass, max: u64, op: Op) -> Result<Outcome,
         OpKind::Write(data) if aligned => {
             // Shared with other writes; exclusive only against a read-modify-write.
             let _w = rmw.read().await;
-            dev.write(off / 512, data, opts).await.map_err(fail)?;
+            match piped {
+                Some(p) => dev.write_piped(off / 512, p, opts).await,
+                None => dev.write(off / 512, data, opts).await,
+            }
+            .map_err(fail)?;
             Ok(Outcome::Done)
         }
         OpKind::Write(data) => {
+            let data = match piped {
+                Some(p) => p.into_bytes().map_err(|e| (errno::EIO, e.to_string()))?,
+                None => data,
+            };
             let _only = rmw.write().await;
             let mut buf = vec![0u8; (a1 - a0) as usize];
             dev.read_into(a0 / 512, &mut buf, opts)

@@ -247,7 +247,8 @@ pub enum SessionError {
 pub enum OpKind {
     /// Read; answer [`Outcome::Data`] (or [`Outcome::DataParts`]) of exactly `length` bytes.
     Read,
-    /// Write these bytes (`length` of them).
+    /// Write these bytes (`length` of them; fewer when [`Op::on_stream`] is not 0: the rest
+    /// follows them on the stream, for the caller to take itself).
     Write(Bytes),
     /// Flush.
     Flush,
@@ -281,6 +282,11 @@ pub struct Op {
     pub fua: bool,
     /// Block sizes were agreed: offset and length are whole logical blocks.
     pub strict: bool,
+    /// Bytes of a write's payload not in [`OpKind::Write`]'s data but still on the stream,
+    /// the next bytes the client sends: the caller takes them itself, then calls
+    /// [`ServerSession::payload_taken`]. Always 0 unless the caller asked for it with
+    /// [`ServerSession::hand_off_payloads`].
+    pub on_stream: u64,
 }
 
 /// What an op produced.
@@ -396,6 +402,10 @@ pub(crate) const INPUT_ROOM: usize = 64 << 10;
 enum Payload {
     /// The next `left` bytes belong to request `req` at `at`.
     Write { req: u64, at: u64, left: u64 },
+    /// The caller is taking the next bytes of the stream, a piece of a write handed off
+    /// (see [`ServerSession::hand_off_payloads`]); then the next `left` bytes belong to
+    /// request `req` at `at`.
+    HandedOff { req: u64, at: u64, left: u64 },
     /// The next `left` bytes of option data are discarded, then the option is refused.
     SkipOption { left: u64, option: u32 },
     /// The next `left` bytes are discarded, then `error` is sent for the request.
@@ -443,6 +453,9 @@ pub struct ServerSession {
     tls_active: bool,
     /// The caller is to start the TLS handshake now.
     starttls: bool,
+    /// Write pieces handed off to the caller: (at least this many bytes on the stream, at
+    /// most this long).
+    hand_off: Option<(u64, u64)>,
 }
 
 /// Option data larger than this is thrown away and refused (`NBD_REP_ERR_TOO_BIG`).
@@ -488,6 +501,7 @@ impl ServerSession {
             error: None,
             tls_active: false,
             starttls: false,
+            hand_off: None,
         };
         let hello = proto::Hello {
             flags: proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES,
@@ -539,6 +553,59 @@ impl ServerSession {
         self.input.clear();
     }
 
+    /// Hands write payloads off to the caller from now on (or no more, with `None`): a
+    /// piece of a write of at most `max_piece` bytes of which at least `min_on_stream` have
+    /// not yet been read into the [input buffer](Self::input_buffer) is let out at once as
+    /// an [`Op`] with what has (all the buffer holds) and [`Op::on_stream`] the bytes that
+    /// follow on the stream. The caller then reads those bytes from the stream itself
+    /// (into a pipe, say, to `splice` them to a file with no copy through its memory),
+    /// and calls [`payload_taken`](Self::payload_taken); until then the session asks for
+    /// no input ([`wants_input`](Self::wants_input) is false) and reads none.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tagstripe_nbd_proto::session::{Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig};
+    /// # use tagstripe_nbd_proto::proto;
+    /// # let catalog = Arc::new(Catalog::new().with(ExportEntry::new("disk", 1 << 20)));
+    /// # let mut s = ServerSession::new(catalog, SessionConfig::default());
+    /// # let mut c = (proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+    /// # c.extend(proto::OptionHeader { option: proto::OPT_EXPORT_NAME, length: 4 }.encode());
+    /// # c.extend(b"disk");
+    /// # s.receive(&c).unwrap();
+    /// # while s.take_output().is_some() {}
+    /// s.hand_off_payloads(Some((64 << 10, 1 << 20)));
+    /// // A 256 KiB write: its header and the first 4 KiB of its payload have been read.
+    /// let w = proto::Request { flags: 0, command: proto::Command::Write, handle: 1, offset: 0, length: 256 << 10 };
+    /// let mut wire = w.encode().to_vec();
+    /// wire.extend([7u8; 4096]);
+    /// s.receive(&wire).unwrap();
+    /// let op = s.poll_op().unwrap();
+    /// assert!(matches!(&op.kind, OpKind::Write(head) if head.len() == 4096));
+    /// assert_eq!(op.on_stream, 252 << 10);
+    /// assert!(!s.wants_input());
+    /// // ... the caller reads the 252 KiB from the stream itself ...
+    /// s.payload_taken();
+    /// assert!(s.wants_input());
+    /// s.complete(op.id, Ok(Outcome::Done));
+    /// assert_eq!(proto::SimpleReply::parse(&s.take_output().unwrap()).unwrap().error, 0);
+    /// ```
+    pub fn hand_off_payloads(&mut self, pieces: Option<(u64, u64)>) {
+        self.hand_off = pieces.map(|(min, max)| (min.max(1), max));
+    }
+
+    /// The caller has taken from the stream the bytes the last op it was given with
+    /// [`Op::on_stream`] named (see [`hand_off_payloads`](Self::hand_off_payloads)): the
+    /// session reads on (the rest of that write, if it is in pieces, then the next
+    /// request). Ignored if no bytes were handed off.
+    pub fn payload_taken(&mut self) {
+        if let Some(Payload::HandedOff { req, at, left }) = self.payload {
+            self.payload = (left > 0).then_some(Payload::Write { req, at, left });
+            if self.payload.is_none() && self.stopping && self.phase == Phase::Transmission {
+                self.phase = Phase::Draining;
+            }
+        }
+    }
+
     /// Stop reading requests (a shutdown); those already read are answered.
     pub fn stop(&mut self) {
         self.stopping = true;
@@ -587,12 +654,16 @@ impl ServerSession {
     pub fn wants_input(&self) -> bool {
         match self.phase {
             Phase::Hello | Phase::Options => true,
-            Phase::Transmission => {
-                self.payload.is_some()
-                    || (self.ops.len() < self.config.max_in_flight
+            Phase::Transmission => match self.payload {
+                // The caller is taking the bytes itself.
+                Some(Payload::HandedOff { .. }) => false,
+                Some(_) => true,
+                None => {
+                    self.ops.len() < self.config.max_in_flight
                         && self.buffered < self.config.max_buffered
-                        && self.streaming.is_empty())
-            }
+                        && self.streaming.is_empty()
+                }
+            },
             Phase::StartTls | Phase::Draining | Phase::Closed => false,
         }
     }

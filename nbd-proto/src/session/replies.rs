@@ -211,6 +211,7 @@ impl ServerSession {
             length,
             fua: flags & proto::CMD_FLAG_FUA != 0,
             strict: self.strict,
+            on_stream: 0,
         }
     }
 

@@ -89,10 +89,21 @@ impl ServerSession {
                 );
                 Ok(true)
             }
+            Payload::HandedOff { req, at, left } => {
+                // The caller is taking the bytes from the stream.
+                self.payload = Some(Payload::HandedOff { req, at, left });
+                Ok(false)
+            }
             Payload::Write { req, at, left } => {
                 let step = u64::from(self.config.max_request);
                 let piece = step.min(left);
-                if (self.input.len() as u64) < piece {
+                let have = self.input.len() as u64;
+                if let Some((min, max)) = self.hand_off {
+                    if piece <= max && piece - have.min(piece) >= min {
+                        return self.hand_off_piece(req, at, left, piece);
+                    }
+                }
+                if have < piece {
                     self.make_room_aligned(piece as usize);
                     self.payload = Some(Payload::Write { req, at, left });
                     return Ok(false);
@@ -121,6 +132,42 @@ impl ServerSession {
                 Ok(true)
             }
         }
+    }
+
+    /// Lets out the next `piece` bytes of write `req` (`left` to come, from `at`) as an op
+    /// of what the input buffer holds (less than the piece) and the rest on the stream,
+    /// for the caller to take (see [`ServerSession::hand_off_payloads`]).
+    fn hand_off_piece(
+        &mut self,
+        req: u64,
+        at: u64,
+        left: u64,
+        piece: u64,
+    ) -> Result<bool, SessionError> {
+        let head = self.input.split().freeze();
+        // The usual room for the next reads (the old buffer goes with the head).
+        self.input.reserve(INPUT_ROOM);
+        let on_stream = piece - head.len() as u64;
+        let Some(mut r) = self.requests.remove(&req) else {
+            return Err(SessionError::Protocol(
+                "write payload without a request".to_owned(),
+            ));
+        };
+        r.to_receive -= piece;
+        r.open += 1;
+        r.next = at + piece;
+        self.buffered += piece;
+        let flags = r.flags;
+        self.requests.insert(req, r);
+        let mut op = self.new_op(req, at, OpKind::Write(head), at, piece, flags);
+        op.on_stream = on_stream;
+        self.ready.push_back(op);
+        self.payload = Some(Payload::HandedOff {
+            req,
+            at: at + piece,
+            left: left - piece,
+        });
+        Ok(false)
     }
 
     /// Makes room in the input buffer for a payload piece of `piece` bytes of which some

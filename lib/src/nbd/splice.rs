@@ -1,0 +1,61 @@
+//! Write payloads taken off the socket into pipes: a large write's payload goes from the
+//! socket into a kernel pipe with `splice(2)` (the socket's pages, by reference), and the
+//! device `splice`s it on into the file's page cache ([`crate::BlockDevice::write_piped`]),
+//! so its bytes are copied once, into the page cache, instead of twice (into the server's
+//! buffer, then from it). The session hands such a payload off
+//! ([`ServerSession::hand_off_payloads`](tagstripe_nbd_proto::session::ServerSession::hand_off_payloads))
+//! only on a plain socket (TCP or Unix, not TLS) and only to a device that takes piped
+//! writes (a file or block device through the page cache, served alone); the write then
+//! runs as any other, through the same checks.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use crate::Piped;
+
+/// Pieces of writes with at least this many bytes still on the socket when their header
+/// has been read are handed off (see the module's measurements in `server.rs`).
+pub(super) const HAND_OFF_FROM: u64 = 128 << 10;
+
+/// The largest piece handed off: a pipe holds a piece whole (the kernel lets root grow a
+/// pipe past `pipe-max-size`, 1 MiB by default; others get what fits, the rest of a piece
+/// read into memory).
+pub(super) const HAND_OFF_MAX: u64 = 4 << 20;
+
+/// A connection's socket (a descriptor of its own, registered for readability), to take
+/// payloads from.
+#[derive(Debug)]
+pub(super) struct Receiver {
+    sock: AsyncFd<OwnedFd>,
+}
+
+impl Receiver {
+    /// A receiver on the socket `sock` (duplicated); `None` if it cannot be duplicated or
+    /// registered: payloads are then read as usual.
+    pub(super) fn new(sock: BorrowedFd<'_>) -> Option<Self> {
+        let fd = sock.try_clone_to_owned().ok()?;
+        // SAFETY: `fd` is an open descriptor this `AsyncFd` owns (a fresh duplicate): it
+        // stays open, the same description, until the `AsyncFd` drops it. Exercised by the
+        // server's tests of writes over TCP and Unix sockets.
+        let sock = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()?;
+        Some(Self { sock })
+    }
+
+    /// Fills `p` from the socket until it holds `total` bytes. Stopping it (dropping the
+    /// future) loses nothing: what was taken is in `p`, and the next call goes on.
+    ///
+    /// # Errors
+    /// The socket's; `UnexpectedEof` if the client closed it first.
+    pub(super) async fn fill(&self, p: &mut Piped, total: usize) -> io::Result<()> {
+        while p.len() < total {
+            let mut ready = self.sock.readable().await?;
+            if let Ok(r) = ready.try_io(|s| p.fill_from(s.as_fd(), total - p.len())) {
+                r?;
+            }
+        }
+        Ok(())
+    }
+}

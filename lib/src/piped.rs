@@ -1,0 +1,460 @@
+//! A write's payload held in a kernel pipe ([`Piped`]): bytes a server moved from its socket
+//! with `splice(2)`, which hands the pipe the socket's pages by reference instead of copying
+//! them into the server's memory, for a device to `splice` on into a file's page cache (the
+//! one copy left). A device that cannot take them so reads them out into memory first
+//! ([`Piped::into_bytes`]), which is the copy a `read` from the socket would have made.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+use bytes::{Bytes, BytesMut};
+
+/// Pipes kept for reuse once drained (creating one and growing it is three system calls).
+const POOL_MAX: usize = 32;
+
+static POOL: parking_lot::Mutex<Vec<Pipe>> = parking_lot::Mutex::new(Vec::new());
+
+/// Where [`Piped::into_bytes`] starts its buffer: a page, as `O_DIRECT` asks.
+const ALIGN: usize = 4096;
+
+/// One pipe, both ends non-blocking, and what it holds at most.
+#[derive(Debug)]
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    capacity: usize,
+}
+
+impl Pipe {
+    /// A pipe that holds at least `room` bytes (twice that where the kernel allows: a
+    /// socket's bytes take a slot of the pipe per piece of memory they are in, and the
+    /// pieces are not always whole pages), from the pool if one there is large enough.
+    fn with_room(room: usize) -> Option<Self> {
+        {
+            let mut pool = POOL.lock();
+            if let Some(i) = pool.iter().position(|p| p.capacity >= room) {
+                return Some(pool.swap_remove(i));
+            }
+        }
+        Self::fresh(room)
+    }
+
+    /// A new pipe for `room` bytes (see [`with_room`](Self::with_room)).
+    fn fresh(room: usize) -> Option<Self> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into the two-element array on our stack and
+        // keeps no pointer. Exercised by every test of this module.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        // SAFETY: both descriptors were just created by pipe2 and are owned by nothing else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let grow = |bytes: usize| -> Option<usize> {
+            let bytes = libc::c_int::try_from(bytes).ok()?;
+            // SAFETY: F_SETPIPE_SZ takes an int argument and no pointer; the fd is the
+            // pipe's, open. Exercised by every test of this module.
+            let got = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, bytes) };
+            usize::try_from(got).ok()
+        };
+        let capacity = grow(room.saturating_mul(2)).or_else(|| grow(room))?;
+        Some(Self {
+            read,
+            write,
+            capacity,
+        })
+    }
+
+    /// Back to the pool (only an empty pipe comes here).
+    fn give_back(self) {
+        let mut pool = POOL.lock();
+        if pool.len() < POOL_MAX {
+            pool.push(self);
+        }
+    }
+}
+
+/// Bytes moved between two descriptors by `splice(2)`, at most `len`; `off_out` is the
+/// file offset to write at (`None`: the descriptor's own position, a pipe's).
+fn splice(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    len: usize,
+    off_out: Option<u64>,
+) -> io::Result<usize> {
+    let mut off = match off_out {
+        Some(o) => Some(
+            libc::loff_t::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+        ),
+        None => None,
+    };
+    let off_ptr = off
+        .as_mut()
+        .map_or(std::ptr::null_mut(), std::ptr::from_mut);
+    // SAFETY: splice reads and writes only the kernel's buffers of the two descriptors, both
+    // open for the call (borrowed), and the offset through `off_ptr`, a live loff_t on our
+    // stack or null; it keeps no pointer after it returns. Exercised by every test here.
+    let n = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            to.as_raw_fd(),
+            off_ptr,
+            len,
+            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// Bytes waiting to be read on a socket (or pipe) `fd` (`FIONREAD`); 0 if it cannot say.
+fn waiting(fd: BorrowedFd<'_>) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into `n`, a live c_int on our stack, and keeps no
+    // pointer. Exercised by `a_full_pipe_takes_the_rest_into_memory_in_order`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &raw mut n) };
+    if r == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// A write's payload: bytes already in memory, then bytes in a pipe, then bytes in memory
+/// again (those that came when the pipe was full), in that order. Made by a server that
+/// takes a write's payload off its socket with [`fill_from`](Self::fill_from); written by
+/// a device with [`write_to`](Self::write_to) (the pipe's bytes go to the file's page
+/// cache without passing through memory here) or read out with
+/// [`into_bytes`](Self::into_bytes).
+///
+/// ```
+/// use std::io::Write;
+/// use std::os::fd::AsFd;
+/// use bytes::Bytes;
+/// use tagstripe::Piped;
+///
+/// let (mut client, server) = std::os::unix::net::UnixStream::pair()?;
+/// client.write_all(&[2u8; 8192])?;
+/// let mut p = Piped::new(Bytes::from(vec![1u8; 512]), 8192);
+/// while p.len() < 512 + 8192 {
+///     p.fill_from(server.as_fd(), 512 + 8192 - p.len())?;
+/// }
+/// let path = std::env::temp_dir().join(format!("tagstripe-piped-doc-{}", std::process::id()));
+/// let file = std::fs::OpenOptions::new().read(true).write(true).create(true).open(&path)?;
+/// std::fs::remove_file(&path)?;
+/// p.write_to(&file, 4096)?;
+/// let mut back = vec![0u8; 512 + 8192];
+/// std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 4096)?;
+/// assert!(back[..512].iter().all(|&b| b == 1) && back[512..].iter().all(|&b| b == 2));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Piped {
+    head: Bytes,
+    pipe: Option<Pipe>,
+    /// Bytes in the pipe.
+    in_pipe: usize,
+    tail: BytesMut,
+}
+
+impl Piped {
+    /// A payload that starts with `head`, with a pipe for `room` bytes more (from a pool of
+    /// drained ones). If no pipe that large can be had (the kernel's `pipe-max-size` or its
+    /// per-user limit on pipe memory), the bytes that follow are read into memory instead.
+    #[must_use]
+    pub fn new(head: Bytes, room: usize) -> Self {
+        Self {
+            head,
+            pipe: if room > 0 {
+                Pipe::with_room(room)
+            } else {
+                None
+            },
+            in_pipe: 0,
+            tail: BytesMut::new(),
+        }
+    }
+
+    /// Bytes held, in memory and in the pipe.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.head.len() + self.in_pipe + self.tail.len()
+    }
+
+    /// Holds no bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes that went into the pipe (the rest is in memory).
+    #[must_use]
+    pub fn in_pipe(&self) -> usize {
+        self.in_pipe
+    }
+
+    /// Takes up to `max` bytes from `from` (a non-blocking socket, or a pipe) and returns how
+    /// many: into the pipe while it has room, else (the pipe full, or none) into memory, so
+    /// the bytes always stay in the order they came.
+    ///
+    /// # Errors
+    /// `WouldBlock` when `from` has no bytes waiting (wait for it to be readable, then call
+    /// again); `UnexpectedEof` when it is closed; its other errors as they are.
+    pub fn fill_from(&mut self, from: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        if self.tail.is_empty() {
+            if let Some(p) = &self.pipe {
+                let room = p.capacity - self.in_pipe;
+                if room > 0 {
+                    match splice(from, p.write.as_fd(), max.min(room), None) {
+                        Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                        Ok(n) => {
+                            self.in_pipe += n;
+                            return Ok(n);
+                        }
+                        // Either `from` has nothing, or the pipe has no slot left (bytes
+                        // in small pieces take one each): the latter if `from` has bytes.
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock && waiting(from) == 0 => {
+                            return Err(e);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        // A descriptor that cannot be spliced from: memory from here on.
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        self.tail.reserve(max);
+        let spare = &mut self.tail.spare_capacity_mut()[..max];
+        // SAFETY: read writes at most `spare.len()` bytes into the spare capacity of `tail`,
+        // live and borrowed mutably for the call, and keeps no pointer; only the bytes it
+        // reports written are then counted as initialized (`set_len`). Exercised by
+        // `a_full_pipe_takes_the_rest_into_memory_in_order`.
+        let n = unsafe { libc::read(from.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len()) };
+        let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        // SAFETY: the read above initialized the first `n` bytes of the spare capacity.
+        unsafe { self.tail.set_len(self.tail.len() + n) };
+        Ok(n)
+    }
+
+    /// Writes the bytes, in order, to `file` from byte `offset`: those in memory with
+    /// `pwrite`, the pipe's with `splice` (no copy through this process's memory). The
+    /// pipe goes back to the pool for the next payload.
+    ///
+    /// # Errors
+    /// The file's. The bytes are then gone (a pipe cannot be read twice): the write failed
+    /// as a whole, as a device error would have it.
+    pub fn write_to(mut self, file: &File, offset: u64) -> io::Result<()> {
+        file.write_all_at(&self.head, offset)?;
+        let mut at = offset + self.head.len() as u64;
+        if let Some(p) = &self.pipe {
+            while self.in_pipe > 0 {
+                match splice(p.read.as_fd(), file.as_fd(), self.in_pipe, Some(at)) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        self.in_pipe -= n;
+                        at += n as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        file.write_all_at(&self.tail, at)
+    }
+
+    /// All the bytes in one buffer, starting on a page (the copy a read from the socket
+    /// would have made): for a device that cannot write from a pipe.
+    ///
+    /// # Errors
+    /// The pipe's (none is expected: its bytes are there).
+    pub fn into_bytes(mut self) -> io::Result<Bytes> {
+        let len = self.len();
+        if self.in_pipe == 0 && self.tail.is_empty() {
+            return Ok(std::mem::take(&mut self.head));
+        }
+        let mut v = vec![0u8; len + ALIGN];
+        let gap = (ALIGN - v.as_ptr() as usize % ALIGN) % ALIGN;
+        let buf = &mut v[gap..gap + len];
+        let (h, rest) = buf.split_at_mut(self.head.len());
+        h.copy_from_slice(&self.head);
+        let (mid, t) = rest.split_at_mut(self.in_pipe);
+        if let Some(p) = &self.pipe {
+            let mut got = 0;
+            while got < mid.len() {
+                let want = &mut mid[got..];
+                // SAFETY: read writes at most `want.len()` bytes into `want`, live and
+                // borrowed mutably for the call, and keeps no pointer. Exercised by
+                // `the_bytes_come_back_whole_from_memory_and_pipe`.
+                let n =
+                    unsafe { libc::read(p.read.as_raw_fd(), want.as_mut_ptr().cast(), want.len()) };
+                match usize::try_from(n) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => got += n,
+                    Err(_) => {
+                        let e = io::Error::last_os_error();
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            self.in_pipe = 0;
+        }
+        t.copy_from_slice(&self.tail);
+        Ok(Bytes::from(v).slice(gap..gap + len))
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        // A pipe still holding bytes (a write that failed or was never made) is closed, not
+        // handed to the next payload.
+        if let Some(p) = self.pipe.take() {
+            if self.in_pipe == 0 {
+                p.give_back();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    /// A file of its own, already unlinked.
+    fn scratch(name: &str) -> File {
+        let path =
+            std::env::temp_dir().join(format!("tagstripe-piped-{name}-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i % 253) as u8 ^ seed).collect()
+    }
+
+    /// Fills `p` from `s` until it holds `len` bytes (the writer has sent them all).
+    fn fill(p: &mut Piped, s: &UnixStream, len: usize) {
+        while p.len() < len {
+            p.fill_from(s.as_fd(), len - p.len())
+                .expect("bytes are waiting");
+        }
+    }
+
+    #[test]
+    fn the_bytes_come_back_whole_from_memory_and_pipe() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let body = pattern(200 << 10, 5);
+        a.write_all(&body).unwrap();
+        let head = pattern(3000, 9);
+        let mut p = Piped::new(Bytes::from(head.clone()), body.len());
+        fill(&mut p, &b, head.len() + body.len());
+        assert!(p.in_pipe() > 0, "the socket's bytes went to the pipe");
+        let got = p.into_bytes().unwrap();
+        assert_eq!(got.as_ptr() as usize % ALIGN, 0);
+        assert_eq!(&got[..head.len()], &head[..]);
+        assert_eq!(&got[head.len()..], &body[..]);
+        // Nothing more waiting: says so, and takes nothing.
+        let mut q = Piped::new(Bytes::new(), 4096);
+        let e = q.fill_from(b.as_fd(), 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(q.is_empty());
+        drop(a);
+        let e = q.fill_from(b.as_fd(), 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn the_pipes_bytes_land_in_the_file_at_the_offset_in_order() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let body = pattern(1 << 20, 1);
+        let sender = std::thread::spawn(move || a.write_all(&body).map(|()| body));
+        let head = pattern(4096, 2);
+        let total = head.len() + (1 << 20);
+        let mut p = Piped::new(Bytes::from(head.clone()), 1 << 20);
+        while p.len() < total {
+            match p.fill_from(b.as_fd(), total - p.len()) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let body = sender.join().unwrap().unwrap();
+        let f = scratch("order");
+        f.set_len(8 << 20).unwrap();
+        p.write_to(&f, 3 << 20).unwrap();
+        let mut back = vec![0u8; total];
+        f.read_exact_at(&mut back, 3 << 20).unwrap();
+        assert_eq!(&back[..4096], &head[..]);
+        assert!(back[4096..] == body[..], "the payload, in order");
+    }
+
+    /// A pipe too small for the payload (no room for all of it) takes what fits; the rest
+    /// comes into memory behind it, and the order holds both ways out.
+    #[test]
+    fn a_full_pipe_takes_the_rest_into_memory_in_order() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let body = pattern(96 << 10, 7);
+        a.write_all(&body[..64 << 10]).unwrap();
+        // A pipe of its own (the pool's, shared with the other tests, may be larger).
+        let mut p = Piped {
+            head: Bytes::new(),
+            pipe: Pipe::fresh(4096),
+            in_pipe: 0,
+            tail: BytesMut::new(),
+        };
+        let cap = p.pipe.as_ref().unwrap().capacity;
+        assert!(cap < body.len(), "a pipe of {cap} bytes");
+        // Written in two bursts: the second arrives after the pipe filled.
+        fill(&mut p, &b, 64 << 10);
+        a.write_all(&body[64 << 10..]).unwrap();
+        fill(&mut p, &b, body.len());
+        assert!(p.in_pipe() > 0 && p.in_pipe() <= cap);
+        assert!(!p.tail.is_empty(), "the rest went to memory");
+        let f = scratch("full");
+        p.write_to(&f, 512).unwrap();
+        let mut back = vec![0u8; body.len()];
+        f.read_exact_at(&mut back, 512).unwrap();
+        assert!(back == body);
+    }
+
+    /// A write that fails (a file opened read-only) reports the file's error, and its pipe,
+    /// still holding bytes, is not handed to the next payload.
+    #[test]
+    fn a_failed_write_reports_the_error_and_keeps_no_stale_pipe() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        a.write_all(&pattern(64 << 10, 3)).unwrap();
+        let mut p = Piped::new(Bytes::new(), 64 << 10);
+        fill(&mut p, &b, 64 << 10);
+        let path = std::env::temp_dir().join(format!("tagstripe-piped-ro-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let ro = File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(p.write_to(&ro, 0).is_err());
+        // Every pipe in the pool is empty.
+        for q in POOL.lock().iter() {
+            assert_eq!(waiting(q.read.as_fd()), 0);
+        }
+    }
+}
