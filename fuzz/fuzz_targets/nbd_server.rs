@@ -1,7 +1,9 @@
 //! The NBD server's session (the whole protocol, no I/O, no runtime) fed arbitrary client
 //! bytes in arbitrary pieces, with ops completed at once, some failing: it must never
 //! panic, never hold more than its byte budget (plus one request's payload), never hand out
-//! an op outside the export, and always either want more input or finish.
+//! an op outside the export, and always either want more input or finish. With the first
+//! byte's high bit set, write payloads of 4 KiB or more on the stream are handed off: the
+//! harness takes those bytes from the input itself, as a server splicing them would.
 #![no_main]
 
 use std::sync::Arc;
@@ -52,11 +54,29 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut s = ServerSession::new(catalog, config);
     let piece = usize::from(cut % 61) + 1;
+    if cut & 0x80 != 0 {
+        s.hand_off_payloads(Some((4096, 32 << 10)));
+    }
     let mut n = 0u64;
-    let mut feed = data.chunks(piece);
+    let mut at = 0usize;
+    let mut handed = 0u64;
     loop {
         while s.take_output().is_some() {}
-        let ran = ops::run_ops(&mut s, &mut n, 7, size);
+        let ran = ops::run_ops(&mut s, &mut n, 7, size, &mut handed);
+        if handed > 0 {
+            assert!(!s.wants_input(), "input wanted while the caller takes a payload");
+            let left = data.len() - at;
+            let take = usize::try_from(handed).map_or(left, |h| h.min(left));
+            at += take;
+            if take as u64 == handed {
+                handed = 0;
+                s.payload_taken();
+            } else {
+                handed = 0;
+                s.end_of_input();
+            }
+            continue;
+        }
         if s.is_finished() {
             break;
         }
@@ -68,15 +88,14 @@ fuzz_target!(|data: &[u8]| {
             assert!(s.in_flight() > 0 || s.take_output().is_some(), "the session stalled");
             continue;
         }
-        match feed.next() {
-            Some(c) => {
-                if s.receive(c).is_err() {
-                    break;
-                }
+        if at < data.len() {
+            let c = &data[at..(at + piece).min(data.len())];
+            at += c.len();
+            if s.receive(c).is_err() {
+                break;
             }
-            None => {
-                s.end_of_input();
-            }
+        } else {
+            s.end_of_input();
         }
     }
 });

@@ -61,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
             inside = true;
             continue;
         }
-        let ran = ops::run_ops(&mut s, &mut n, 5, 64 * 512);
+        let ran = ops::run_ops(&mut s, &mut n, 5, 64 * 512, &mut 0);
         if s.is_finished() {
             break;
         }

@@ -457,7 +457,8 @@ impl NbdServer {
                     if me.config.allow.allows(peer.ip()) {
                         tracing::info!(target: "tagstripe::nbd", peer = %peer, "connection");
                         let _ = s.set_nodelay(true);
-                        // No `sendfile` over TCP: see `sendfile.rs`.
+                        // No `sendfile` over TCP: see `sendfile.rs`; payloads into pipes:
+                        // see `splice.rs`.
                         let raw = Raw {
                             send: None,
                             receive: Receiver::new(s.as_fd()),
@@ -484,9 +485,10 @@ impl NbdServer {
         self.accept_loop(move || async move {
             let s = l.accept().await?.0;
             grow_send_buffer(&s);
+            // Write payloads are read as usual here: see `splice.rs`.
             let raw = Raw {
                 send: Sender::new(s.as_fd()),
-                receive: Receiver::new(s.as_fd()),
+                receive: None,
             };
             Ok((s, raw))
         })
@@ -984,7 +986,7 @@ fn grow_send_buffer<S: std::os::fd::AsRawFd>(s: &S) {
 }
 
 /// A connection's plain socket, for what only a socket does: replies sent from the page
-/// cache (Unix sockets), write payloads taken into pipes (TCP and Unix). Neither over TLS,
+/// cache (Unix sockets), write payloads taken into pipes (TCP). Neither over TLS,
 /// nor for a stream served with [`NbdServer::serve_connection`].
 #[derive(Debug, Default)]
 struct Raw {

@@ -600,9 +600,9 @@ impl ServerSession {
     pub fn payload_taken(&mut self) {
         if let Some(Payload::HandedOff { req, at, left }) = self.payload {
             self.payload = (left > 0).then_some(Payload::Write { req, at, left });
-            if self.payload.is_none() && self.stopping && self.phase == Phase::Transmission {
-                self.phase = Phase::Draining;
-            }
+            // The write's next piece (handed off at once if nothing of it is here yet), or
+            // what follows (an error here ends the session, as `error()` then says).
+            let _ = self.process();
         }
     }
 
@@ -987,6 +987,110 @@ mod tests {
             s.complete(op.id, Ok(Outcome::Done));
             while s.take_output().is_some() {}
         }
+    }
+
+    /// Write payloads handed off to the caller: a write in three pieces is let out piece by
+    /// piece, each with what the buffer held and the rest on the stream, nothing read
+    /// meanwhile; the next request is parsed only once the last piece was taken; a write
+    /// mostly here already, or small, is not handed off; a single reply answers the three
+    /// pieces. A stop while a payload is being taken lets it finish, then reads nothing more.
+    #[test]
+    fn handed_off_payloads_leave_the_stream_to_the_caller_in_order() {
+        let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 64 << 20)));
+        let config = SessionConfig {
+            max_request: 1 << 20,
+            ..SessionConfig::default()
+        };
+        let mut s = ServerSession::new(catalog, config);
+        while s.take_output().is_some() {}
+        s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+            .unwrap();
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()).last(),
+            Some(&proto::REP_ACK)
+        );
+        s.hand_off_payloads(Some((64 << 10, 1 << 20)));
+        let write = |handle: u64, offset: u64, length: u32| {
+            Request {
+                flags: 0,
+                command: Command::Write,
+                handle,
+                offset,
+                length,
+            }
+            .encode()
+            .to_vec()
+        };
+        // 3 MiB: the header and 10 bytes arrive.
+        let mut wire = write(1, 0, 3 << 20);
+        wire.extend([1u8; 10]);
+        s.receive(&wire).unwrap();
+        let op = s.poll_op().expect("the first piece");
+        assert_eq!(
+            (op.offset, op.length, op.on_stream),
+            (0, 1 << 20, (1 << 20) - 10)
+        );
+        assert!(matches!(&op.kind, OpKind::Write(h) if h[..] == [1u8; 10]));
+        assert!(!s.wants_input());
+        // Bytes that come meanwhile are not the session's to parse.
+        s.receive(&write(2, 0, 4096)).unwrap();
+        assert!(s.poll_op().is_none());
+        s.input_buffer().clear();
+        let mut ids = vec![op.id];
+        for at in [1u64 << 20, 2 << 20] {
+            s.payload_taken();
+            let op = s.poll_op().expect("the next piece, at once");
+            assert_eq!((op.offset, op.length, op.on_stream), (at, 1 << 20, 1 << 20));
+            assert!(matches!(&op.kind, OpKind::Write(h) if h.is_empty()));
+            assert!(!s.wants_input());
+            ids.push(op.id);
+        }
+        s.payload_taken();
+        assert!(s.poll_op().is_none() && s.wants_input());
+        // A 64 KiB write, and a 1 MiB one with all but 1000 bytes here: not handed off.
+        let mut wire = write(3, 4 << 20, 64 << 10);
+        wire.extend(vec![3u8; 64 << 10]);
+        wire.extend(write(4, 8 << 20, 1 << 20));
+        wire.extend(vec![4u8; (1 << 20) - 1000]);
+        s.receive(&wire).unwrap();
+        let op = s.poll_op().expect("the 64 KiB write");
+        assert_eq!((op.length, op.on_stream), (64 << 10, 0));
+        ids.push(op.id);
+        assert!(s.poll_op().is_none() && s.wants_input());
+        s.receive(&[4u8; 1000]).unwrap();
+        let op = s.poll_op().expect("the 1 MiB write, whole");
+        assert!(matches!(&op.kind, OpKind::Write(d) if d.len() == 1 << 20));
+        assert_eq!(op.on_stream, 0);
+        ids.push(op.id);
+        for id in ids {
+            s.complete(id, Ok(Outcome::Done));
+        }
+        let mut out = Vec::new();
+        while let Some(o) = s.take_output() {
+            out.extend_from_slice(&o);
+        }
+        let handles: Vec<u64> = out
+            .chunks(SimpleReply::LEN)
+            .map(|r| SimpleReply::parse(r).unwrap())
+            .inspect(|r| assert_eq!(r.error, 0))
+            .map(|r| r.handle)
+            .collect();
+        assert_eq!(handles, [1, 3, 4], "one reply for the three pieces");
+        // A stop while a payload is being taken: it finishes; the next request is not read.
+        let mut wire = write(5, 0, 512 << 10);
+        wire.extend([5u8; 512]);
+        s.receive(&wire).unwrap();
+        let op = s.poll_op().expect("handed off");
+        assert_eq!(op.on_stream, (512 << 10) - 512);
+        s.stop();
+        assert!(!s.is_finished());
+        s.payload_taken();
+        s.receive(&write(6, 0, 4096)).unwrap();
+        assert!(s.poll_op().is_none() && !s.wants_input());
+        s.complete(op.id, Ok(Outcome::Done));
+        let reply = s.take_output().unwrap();
+        assert_eq!(SimpleReply::parse(&reply).unwrap().handle, 5);
+        assert!(s.is_finished());
     }
 
     /// Rebuilds a read's data from the chunks of its structured reply: (data, holes, data
