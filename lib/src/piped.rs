@@ -12,7 +12,10 @@ use std::os::unix::fs::FileExt;
 use bytes::{Bytes, BytesMut};
 
 /// Pipes kept for reuse once drained (creating one and growing it is three system calls).
-const POOL_MAX: usize = 32;
+/// Few: a pipe's slots count against its user's pipe memory (`pipe-user-pages-soft`,
+/// 64 MiB by default, past which an unprivileged user's new pipes get two pages) whether
+/// or not it holds bytes.
+const POOL_MAX: usize = 8;
 
 static POOL: parking_lot::Mutex<Vec<Pipe>> = parking_lot::Mutex::new(Vec::new());
 
@@ -106,6 +109,30 @@ fn splice(
         )
     };
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// Reads exactly `buf.len()` bytes from `fd` (a pipe holding at least that many).
+fn read_exact(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let want = &mut buf[got..];
+        // SAFETY: read writes at most `want.len()` bytes into `want`, live and borrowed
+        // mutably for the call, and keeps no pointer. Exercised by
+        // `the_bytes_come_back_whole_from_memory_and_pipe` and
+        // `a_file_that_refuses_splice_gets_the_bytes_written`.
+        let n = unsafe { libc::read(fd.as_raw_fd(), want.as_mut_ptr().cast(), want.len()) };
+        match usize::try_from(n) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Bytes waiting to be read on a socket (or pipe) `fd` (`FIONREAD`); 0 if it cannot say.
@@ -245,8 +272,10 @@ impl Piped {
     }
 
     /// Writes the bytes, in order, to `file` from byte `offset`: those in memory with
-    /// `pwrite`, the pipe's with `splice` (no copy through this process's memory). The
-    /// pipe goes back to the pool for the next payload.
+    /// `pwrite`, the pipe's with `splice` (no copy through this process's memory), or, if
+    /// the file does not take `splice` (`EINVAL`: a file opened for appending, a file
+    /// system without it), read out of the pipe and written with `pwrite`. The pipe goes
+    /// back to the pool for the next payload.
     ///
     /// # Errors
     /// The file's. The bytes are then gone (a pipe cannot be read twice): the write failed
@@ -263,6 +292,19 @@ impl Piped {
                         at += n as u64;
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                        ) =>
+                    {
+                        // Refused, and nothing taken from the pipe by the refusal.
+                        let mut rest = vec![0u8; self.in_pipe];
+                        read_exact(p.read.as_fd(), &mut rest)?;
+                        self.in_pipe = 0;
+                        file.write_all_at(&rest, at)?;
+                        at += rest.len() as u64;
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -287,25 +329,7 @@ impl Piped {
         h.copy_from_slice(&self.head);
         let (mid, t) = rest.split_at_mut(self.in_pipe);
         if let Some(p) = &self.pipe {
-            let mut got = 0;
-            while got < mid.len() {
-                let want = &mut mid[got..];
-                // SAFETY: read writes at most `want.len()` bytes into `want`, live and
-                // borrowed mutably for the call, and keeps no pointer. Exercised by
-                // `the_bytes_come_back_whole_from_memory_and_pipe`.
-                let n =
-                    unsafe { libc::read(p.read.as_raw_fd(), want.as_mut_ptr().cast(), want.len()) };
-                match usize::try_from(n) {
-                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Ok(n) => got += n,
-                    Err(_) => {
-                        let e = io::Error::last_os_error();
-                        if e.kind() != io::ErrorKind::Interrupted {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
+            read_exact(p.read.as_fd(), mid)?;
             self.in_pipe = 0;
         }
         t.copy_from_slice(&self.tail);
@@ -436,6 +460,35 @@ mod tests {
         let mut back = vec![0u8; body.len()];
         f.read_exact_at(&mut back, 512).unwrap();
         assert!(back == body);
+    }
+
+    /// A file that does not take `splice` (opened for appending: `EINVAL`) gets the pipe's
+    /// bytes read out and written: nothing lost.
+    #[test]
+    fn a_file_that_refuses_splice_gets_the_bytes_written() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let body = pattern(128 << 10, 11);
+        a.write_all(&body).unwrap();
+        let head = pattern(1024, 12);
+        let mut p = Piped::new(Bytes::from(head.clone()), body.len());
+        fill(&mut p, &b, head.len() + body.len());
+        assert!(p.in_pipe() > 0);
+        let path =
+            std::env::temp_dir().join(format!("tagstripe-piped-append-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // An empty file: appending lands where the offset says.
+        p.write_to(&f, 0).unwrap();
+        let mut back = vec![0u8; head.len() + body.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back[..head.len()] == head[..] && back[head.len()..] == body[..]);
     }
 
     /// A write that fails (a file opened read-only) reports the file's error, and its pipe,

@@ -739,3 +739,109 @@ fn plugged_requests_are_all_submitted_and_read_back() {
         std::fs::remove_file(p).unwrap();
     }
 }
+
+/// Fills a payload of `head` then `body` (the body through a socket, into a pipe).
+fn piped(head: &[u8], body: &[u8]) -> tagstripe::Piped {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    b.set_nonblocking(true).unwrap();
+    let body = body.to_vec();
+    let sender = std::thread::spawn(move || a.write_all(&body));
+    let mut p = tagstripe::Piped::new(Bytes::copy_from_slice(head), 1 << 20);
+    let total = head.len() + (1 << 20);
+    while p.len() < total {
+        match p.fill_from(b.as_fd(), total - p.len()) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sender.join().unwrap().unwrap();
+    p
+}
+
+/// A payload from a pipe (`write_piped`) lands whole and in order on every path of the
+/// backend: a file in memory (spliced on the calling thread), a file on disk (on the
+/// blocking pool), a loop device through its page cache (as its buffered writes), and with
+/// O_DIRECT (read into memory first: no piped writes taken); a range past the end is
+/// refused before a byte is written.
+#[test]
+fn uring_writes_a_piped_payload_on_every_path() {
+    let mut targets: Vec<(String, std::path::PathBuf, bool, bool)> = Vec::new();
+    let var_tmp = std::path::Path::new("/var/tmp");
+    let disk = if var_tmp.is_dir() {
+        var_tmp.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    for (dir, name) in [
+        (std::path::PathBuf::from("/dev/shm"), "shm"),
+        (disk, "disk"),
+    ] {
+        if dir.is_dir() {
+            let p = dir.join(format!(
+                "tagstripe-uring-piped-{name}-{}",
+                std::process::id()
+            ));
+            drop(FileDevice::create(&p, 8192, FileOptions::default()).unwrap());
+            targets.push((name.to_owned(), p.clone(), false, false));
+            if name == "disk" {
+                targets.push(("disk, O_DIRECT".to_owned(), p, true, false));
+            }
+        }
+    }
+    let lo = match can_use_loop() {
+        Ok(()) => Some(make_loop_with("uring-piped", 4 << 20, 512, true).expect("loop device")),
+        Err(why) => {
+            eprintln!("skipping the loop device: {why}");
+            None
+        }
+    };
+    if let Some(lo) = &lo {
+        targets.push(("loop".to_owned(), lo.dev.clone(), false, true));
+    }
+    let rt = rt();
+    for (name, path, direct, block) in &targets {
+        let opts = FileOptions {
+            direct: *direct,
+            ..FileOptions::default()
+        };
+        let dev = match UringDevice::open(path, opts, *block, 64) {
+            Ok(d) => d,
+            Err(Error::Unsupported { .. }) => {
+                eprintln!("skipping: io_uring is not available here");
+                return;
+            }
+            Err(e) if *direct => {
+                eprintln!("skipping {name}: {e}");
+                continue;
+            }
+            Err(e) => panic!("{name}: {e}"),
+        };
+        assert_eq!(dev.takes_piped_writes(), !opts.direct, "{name}");
+        let head: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
+        let body: Vec<u8> = (0..1u32 << 20).map(|i| (i % 239) as u8 ^ 0x5a).collect();
+        rt.block_on(async {
+            dev.write_piped(512, piped(&head, &body), IoOpts::new())
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let got = dev.read(512, 2056, IoOpts::new()).await.unwrap();
+            assert!(got[..4096] == head[..] && got[4096..] == body[..], "{name}");
+            let end = dev.info().sectors;
+            let e = dev
+                .write_piped(end - 8, piped(&head, &body), IoOpts::new())
+                .await
+                .expect_err("past the end");
+            assert!(matches!(e, Error::OutOfRange { .. }), "{name}: {e}");
+            let tail = dev.read(end - 8, 8, IoOpts::new()).await.unwrap();
+            assert!(tail.iter().all(|&b| b == 0), "{name}: nothing written");
+        });
+    }
+    drop(lo);
+    for (name, path, direct, _) in targets {
+        if !direct && name != "loop" {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}

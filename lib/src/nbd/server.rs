@@ -226,8 +226,9 @@ pub struct ServerCounters {
     /// Bytes of read replies handed to a Unix socket as the page cache's own pages
     /// (`sendfile`) instead of copied into the socket.
     pub bytes_sent_from_cache: AtomicU64,
-    /// Bytes of write payloads taken off the socket into a pipe (`splice`) and written
-    /// from it, never copied into the server's memory.
+    /// Bytes of write payloads taken off the socket into a pipe (`splice`), for the device
+    /// to write from it: never copied into the server's memory (over TCP, to a file or
+    /// block device through the page cache: see [`BlockDevice::write_piped`]).
     pub bytes_received_into_pipes: AtomicU64,
 }
 
