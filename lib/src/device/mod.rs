@@ -3,7 +3,7 @@
 //! ([`IoOpts`], [`Zeroes`], [`Extent`]), the object-safe [`DynBlockDevice`] for devices of
 //! different types behind one pointer, and the checks every implementation shares.
 
-/// Writes the eleven I/O methods of a [`BlockDevice`] impl that hands every request on to
+/// Writes the thirteen I/O methods of a [`BlockDevice`] impl that hands every request on to
 /// another device, once, for every such impl (`Arc<D>`, a mirror's `Slot`, ...): the
 /// forwarding boilerplate in one place. `|self| DEV` names the device (evaluated once per
 /// request). `direct` returns the inner device's futures as they are (no state machine of

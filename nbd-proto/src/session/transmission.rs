@@ -109,18 +109,7 @@ impl ServerSession {
                     return Ok(false);
                 }
                 let data = self.input.split_to(piece as usize).freeze();
-                let Some(mut r) = self.requests.remove(&req) else {
-                    return Err(SessionError::Protocol(
-                        "write payload without a request".to_owned(),
-                    ));
-                };
-                r.to_receive -= piece;
-                r.open += 1;
-                r.next = at + piece;
-                self.buffered += piece;
-                let flags = r.flags;
-                self.requests.insert(req, r);
-                let op = self.new_op(req, at, OpKind::Write(data), at, piece, flags);
+                let op = self.write_piece(req, at, piece, data)?;
                 self.ready.push_back(op);
                 if left > piece {
                     self.payload = Some(Payload::Write {
@@ -148,6 +137,26 @@ impl ServerSession {
         // The usual room for the next reads (the old buffer goes with the head).
         self.input.reserve(INPUT_ROOM);
         let on_stream = piece - head.len() as u64;
+        let mut op = self.write_piece(req, at, piece, head)?;
+        op.on_stream = on_stream;
+        self.ready.push_back(op);
+        self.payload = Some(Payload::HandedOff {
+            req,
+            at: at + piece,
+            left: left - piece,
+        });
+        Ok(false)
+    }
+
+    /// The op that writes the `piece` bytes of write `req` at `at` (`data`, all of them or
+    /// those already received), counted against the request and the byte budget.
+    fn write_piece(
+        &mut self,
+        req: u64,
+        at: u64,
+        piece: u64,
+        data: Bytes,
+    ) -> Result<Op, SessionError> {
         let Some(mut r) = self.requests.remove(&req) else {
             return Err(SessionError::Protocol(
                 "write payload without a request".to_owned(),
@@ -159,15 +168,7 @@ impl ServerSession {
         self.buffered += piece;
         let flags = r.flags;
         self.requests.insert(req, r);
-        let mut op = self.new_op(req, at, OpKind::Write(head), at, piece, flags);
-        op.on_stream = on_stream;
-        self.ready.push_back(op);
-        self.payload = Some(Payload::HandedOff {
-            req,
-            at: at + piece,
-            left: left - piece,
-        });
-        Ok(false)
+        Ok(self.new_op(req, at, OpKind::Write(data), at, piece, flags))
     }
 
     /// Makes room in the input buffer for a payload piece of `piece` bytes of which some
