@@ -16,7 +16,10 @@
 #   stripe-direct  the same with O_DIRECT (`serve --direct` for both).
 #           These rows print the volume, the one device and nbdkit's or qemu-nbd's figure
 #           on the one device (for scale), and the ratio volume / one device.
-# The loop device's page cache is read through before its rows (a server of cached data).
+# The loop device's page cache is read through before its rows (a server of cached data),
+# with the device held open from then until the row's servers stop: Linux drops a block
+# device's page cache when its last opener closes it, so a read-through by `dd` alone left
+# the cache empty and the first server of each row read from the disk.
 # Transports ($TRANSPORTS, default "unix tcp"): a Unix socket, TCP on loopback.
 # Jobs ($JOBS, default "1 4"): fio jobs, each its own connection.
 # Workloads ($WORKLOADS): 4k-randread, 4k-randwrite (QD32), 64k-randrw (50/50, QD16),
@@ -47,13 +50,18 @@ fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine"; exit 2
 cargo build --release -q -p tagstripe-cli
 ts_bin=$PWD/target/release/tagstripe
 dir=$(mktemp -d /dev/shm/tagstripe-nbd.XXXXXX)
-servers=() loopdev="" backing=""
+servers=() loopdev="" backing="" held=()
+# Keeps block device $1 open (its page cache with it) until the servers stop.
+hold() { local fd; exec {fd}<"$1"; held+=("$fd"); }
 stop_servers() {
   for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${servers[@]}"; do
     for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
   done
   servers=()
+  local fd
+  for fd in "${held[@]}"; do exec {fd}<&-; done
+  held=()
 }
 cleanup() {
   stop_servers
@@ -99,6 +107,7 @@ start() { # kind transport
   case $kind in
     shm) path=$img ;;
     loop) path=$loopdev
+      hold "$loopdev"
       dd if="$loopdev" of=/dev/null bs=1M status=none ;;
     direct) path=$loopdev; direct_ts=(--direct); kit_cache=(cache=none)
       qemu_cache=(--cache=none --aio=io_uring) ;;
@@ -152,6 +161,7 @@ start_stripe() { # kind transport
     # the first random writes to the fresh stripes were throttled (0.38x, twice), not the
     # one device's, written by the loop rows before.
     for d in "$loopdev" "${stripes[@]}"; do
+      hold "$d"
       dd if=/dev/zero of="$d" bs=1M count=64 status=none
     done
     sync
