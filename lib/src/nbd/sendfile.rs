@@ -40,6 +40,17 @@ pub(super) const IOV_AT_ONCE: usize = 64;
 /// The smallest payload sent with `sendfile` (see the module's measurements).
 pub(super) const SENDFILE_FROM: usize = 256 << 10;
 
+/// A duplicate of socket `sock`, registered with tokio for `interest`: the server's own
+/// handle on a connection's socket for the system calls tokio has no method for
+/// (`sendfile`, `splice`). `None` if it cannot be duplicated or registered.
+pub(super) fn registered(sock: BorrowedFd<'_>, interest: Interest) -> Option<AsyncFd<OwnedFd>> {
+    let fd = sock.try_clone_to_owned().ok()?;
+    // SAFETY: `fd` is an open descriptor this `AsyncFd` owns (a fresh duplicate): it stays
+    // open, the same description, until the `AsyncFd` drops it. Exercised by this module's
+    // tests and every NBD server test over a socket.
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.ok()
+}
+
 /// Which chunks of a batch go from their files (see [`Sender::plan`]): the mapping and
 /// offset of each that does.
 #[derive(Debug)]
@@ -59,11 +70,7 @@ impl Sender {
     /// A sender on the socket `sock` (duplicated); `None` if it cannot be duplicated or
     /// registered: replies are then written as usual.
     pub(super) fn new(sock: BorrowedFd<'_>) -> Option<Self> {
-        let fd = sock.try_clone_to_owned().ok()?;
-        // SAFETY: `fd` is an open descriptor this `AsyncFd` owns (a fresh duplicate): it stays
-        // open, the same description, until the `AsyncFd` drops it. Exercised by this
-        // module's tests and every NBD server test over a Unix socket.
-        let sock = unsafe { AsyncFd::register_with_interest(fd, Interest::WRITABLE) }.ok()?;
+        let sock = registered(sock, Interest::WRITABLE)?;
         Some(Self {
             sock,
             refused: AtomicBool::new(false),

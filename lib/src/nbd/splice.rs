@@ -36,11 +36,7 @@ impl Receiver {
     /// A receiver on the socket `sock` (duplicated); `None` if it cannot be duplicated or
     /// registered: payloads are then read as usual.
     pub(super) fn new(sock: BorrowedFd<'_>) -> Option<Self> {
-        let fd = sock.try_clone_to_owned().ok()?;
-        // SAFETY: `fd` is an open descriptor this `AsyncFd` owns (a fresh duplicate): it
-        // stays open, the same description, until the `AsyncFd` drops it. Exercised by the
-        // server's tests of writes over TCP and Unix sockets.
-        let sock = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()?;
+        let sock = super::sendfile::registered(sock, Interest::READABLE)?;
         Some(Self { sock })
     }
 
