@@ -483,7 +483,7 @@ async fn large_write_payloads_come_off_the_socket_into_pipes() {
                 let addr = url.trim_start_matches("nbd://").trim_end_matches("/d");
                 Box::new(TcpStream::connect(addr).await.unwrap())
             };
-            negotiate_raw(&mut raw, "d").await;
+            export_name(&mut raw, "d").await;
             let r = proto::Request {
                 flags: 0,
                 command: proto::Command::Write,
@@ -513,22 +513,6 @@ async fn large_write_payloads_come_off_the_socket_into_pipes() {
 /// A stream a raw test client speaks over (TCP or a Unix socket).
 trait RawStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> RawStream for T {}
-
-/// Negotiates `name` with NBD_OPT_EXPORT_NAME over `s`.
-async fn negotiate_raw(s: &mut Box<dyn RawStream>, name: &str) {
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).await.unwrap();
-    assert_eq!(&hello[..8], b"NBDMAGIC");
-    s.write_all(&3u32.to_be_bytes()).await.unwrap();
-    let head = proto::OptionHeader {
-        option: proto::OPT_EXPORT_NAME,
-        length: name.len() as u32,
-    };
-    s.write_all(&head.encode()).await.unwrap();
-    s.write_all(name.as_bytes()).await.unwrap();
-    let mut b = [0u8; 10];
-    s.read_exact(&mut b).await.unwrap();
-}
 
 // ---------------------------------------------------------------------------------------
 // Real peers.
@@ -667,7 +651,7 @@ async fn client_against_nbdkit_memory_and_filters() {
 // ---------------------------------------------------------------------------------------
 // Hostile clients: raw bytes.
 
-async fn handshake(s: &mut TcpStream) {
+async fn handshake<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S) {
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).await.unwrap();
     assert_eq!(&hello[..8], b"NBDMAGIC");
@@ -683,7 +667,17 @@ async fn open_raw(addr: &str) -> TcpStream {
 /// transmission flags.
 async fn open_raw_export(addr: &str, name: &str) -> (TcpStream, u16) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    handshake(&mut s).await;
+    let flags = export_name(&mut s, name).await;
+    (s, flags)
+}
+
+/// The greeting, then `name` with NBD_OPT_EXPORT_NAME, over any stream; returns the
+/// export's transmission flags.
+async fn export_name<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+    name: &str,
+) -> u16 {
+    handshake(s).await;
     let head = proto::OptionHeader {
         option: proto::OPT_EXPORT_NAME,
         length: name.len() as u32,
@@ -692,7 +686,7 @@ async fn open_raw_export(addr: &str, name: &str) -> (TcpStream, u16) {
     s.write_all(name.as_bytes()).await.unwrap();
     let mut b = [0u8; 10];
     s.read_exact(&mut b).await.unwrap();
-    (s, u16::from_be_bytes([b[8], b[9]]))
+    u16::from_be_bytes([b[8], b[9]])
 }
 
 async fn request(s: &mut TcpStream, command: u16, offset: u64, length: u32) -> u32 {

@@ -325,10 +325,7 @@ impl BlockDevice for FileDevice {
     async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         if self.direct {
-            let bytes = data
-                .into_bytes()
-                .map_err(|e| self.err("write", start, sectors, e))?;
-            return self.write(start, bytes, opts).await;
+            return crate::device::write_piped_from_memory(self, start, data, opts).await;
         }
         let offset = start * 512;
         self.blocking("write", start, sectors, move |f| {

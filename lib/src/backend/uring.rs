@@ -890,10 +890,7 @@ impl BlockDevice for UringDevice {
     async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
         if self.direct {
-            let bytes = data
-                .into_bytes()
-                .map_err(self.io("write", start, sectors))?;
-            return self.write(start, bytes, opts).await;
+            return crate::device::write_piped_from_memory(self, start, data, opts).await;
         }
         let offset = start * 512;
         let r = if let Some(b) = &self.buffered {

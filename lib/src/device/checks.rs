@@ -82,6 +82,25 @@ pub(crate) fn check_bufs(info: &DeviceInfo, start: u64, bufs: &[&mut [u8]]) -> R
     Ok(sectors)
 }
 
+/// [`BlockDevice::write_piped`](crate::BlockDevice::write_piped)'s default (and the
+/// backends' with `O_DIRECT`): the payload read into memory, written as one request.
+pub(crate) async fn write_piped_from_memory<D: BlockDevice + ?Sized>(
+    dev: &D,
+    start: u64,
+    data: crate::Piped,
+    opts: IoOpts,
+) -> Result<()> {
+    let sectors = data.len() as u64 / 512;
+    let bytes = data.into_bytes().map_err(|source| Error::Io {
+        device: dev.info().name.clone(),
+        op: "write",
+        start,
+        sectors,
+        source,
+    })?;
+    dev.write(start, bytes, opts).await
+}
+
 /// [`BlockDevice::write_vectored`](crate::BlockDevice::write_vectored)'s default: the parts copied into one buffer, written as
 /// one request.
 pub(crate) async fn write_parts<D: BlockDevice + ?Sized>(

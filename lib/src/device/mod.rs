@@ -484,17 +484,7 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         data: Piped,
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
-        async move {
-            let sectors = data.len() as u64 / 512;
-            let bytes = data.into_bytes().map_err(|source| Error::Io {
-                device: self.info().name.clone(),
-                op: "write",
-                start,
-                sectors,
-                source,
-            })?;
-            self.write(start, bytes, opts).await
-        }
+        write_piped_from_memory(self, start, data, opts)
     }
 
     /// Makes completed writes durable.
