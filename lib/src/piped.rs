@@ -271,6 +271,71 @@ impl Piped {
         Ok(n)
     }
 
+    /// Moves the first `n` bytes of this payload to the end of `dst`, in order: a pipe's
+    /// bytes `splice`d from pipe to pipe (the pages by reference, not copied), into `dst`'s
+    /// memory where its pipe is full or it has none; bytes in memory copied. How a payload
+    /// is cut into the pieces of a striped volume's components, which a pipe, read once
+    /// and front to back, could not otherwise be.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tagstripe::Piped;
+    ///
+    /// let mut p = Piped::new(Bytes::from(vec![7u8; 4096]), 0);
+    /// let mut first = Piped::new(Bytes::new(), 1024);
+    /// p.move_front_to(&mut first, 1024)?;
+    /// assert_eq!((first.len(), p.len()), (1024, 3072));
+    /// assert!(p.move_front_to(&mut first, 4096).is_err()); // only 3,072 bytes are left
+    /// assert_eq!(p.len(), 3072);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `UnexpectedEof` (nothing moved) if this payload holds fewer than `n` bytes; the
+    /// pipes' errors (none is expected: the bytes are there), after which both payloads
+    /// are to be dropped, as a failed write's.
+    pub fn move_front_to(&mut self, dst: &mut Self, n: usize) -> io::Result<()> {
+        if n > self.len() {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let from_head = n.min(self.head.len());
+        dst.push_memory(&self.head.split_to(from_head));
+        let mut left = n - from_head;
+        if left > 0 && self.in_pipe > 0 {
+            let p = self.pipe.as_ref().map(|p| p.read.as_fd());
+            let Some(src) = p else {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            };
+            let mut want = left.min(self.in_pipe);
+            while want > 0 {
+                let moved = dst.fill_from(src, want)?;
+                self.in_pipe -= moved;
+                want -= moved;
+                left -= moved;
+            }
+        }
+        if left > 0 {
+            dst.push_memory(&self.tail.split_to(left));
+        }
+        Ok(())
+    }
+
+    /// Appends bytes in memory: to the head while nothing is in the pipe or after it,
+    /// else after the pipe's bytes.
+    fn push_memory(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.in_pipe == 0 && self.tail.is_empty() {
+            let mut head = BytesMut::with_capacity(self.head.len() + bytes.len());
+            head.extend_from_slice(&self.head);
+            head.extend_from_slice(bytes);
+            self.head = head.freeze();
+        } else {
+            self.tail.extend_from_slice(bytes);
+        }
+    }
+
     /// Writes the bytes, in order, to `file` from byte `offset`: those in memory with
     /// `pwrite`, the pipe's with `splice` (no copy through this process's memory), or, if
     /// the file does not take `splice` (`EINVAL`: a file opened for appending, a file
@@ -464,6 +529,59 @@ mod tests {
 
     /// A file that does not take `splice` (opened for appending: `EINVAL`) gets the pipe's
     /// bytes read out and written: nothing lost.
+    #[test]
+    fn a_payload_cut_into_pieces_keeps_every_byte_in_order() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let body = pattern(300 << 10, 3);
+        let sent = body.clone();
+        let sender = std::thread::spawn(move || a.write_all(&sent));
+        let head = pattern(5000, 4);
+        let total = head.len() + body.len();
+        // A pipe for 64 KiB of the body: the rest spills into memory after it.
+        let mut p = Piped::new(Bytes::from(head.clone()), 64 << 10);
+        while p.len() < total {
+            match p.fill_from(b.as_fd(), total - p.len()) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        sender.join().unwrap().unwrap();
+        assert!(p.in_pipe() > 0 && p.in_pipe() < body.len());
+        let whole: Vec<u8> = [head, body].concat();
+        // Pieces dealt round-robin to three payloads (as a stripe's units to its
+        // components): one with a pipe as large as its share, one with a small pipe (it
+        // spills), one with none (all memory). Pieces straddle head, pipe and tail.
+        let piece = 23 * 512 + 100;
+        let mut dst = [
+            Piped::new(Bytes::new(), total / 3 + piece),
+            Piped::new(Bytes::new(), 4096),
+            Piped::new(Bytes::new(), 0),
+        ];
+        let mut want: [Vec<u8>; 3] = Default::default();
+        let (mut at, mut i) = (0, 0);
+        while at < total {
+            let n = piece.min(total - at);
+            p.move_front_to(&mut dst[i % 3], n).unwrap();
+            want[i % 3].extend_from_slice(&whole[at..at + n]);
+            assert_eq!(p.len(), total - at - n);
+            at += n;
+            i += 1;
+        }
+        assert!(p.is_empty());
+        assert!(dst[0].in_pipe() > 0, "pipe to pipe");
+        for (d, w) in dst.into_iter().zip(want) {
+            assert_eq!(d.len(), w.len());
+            assert!(d.into_bytes().unwrap() == w);
+        }
+        // More than it holds: refused, nothing moved.
+        let mut q = Piped::new(Bytes::from(vec![1u8; 10]), 0);
+        let mut r = Piped::new(Bytes::new(), 0);
+        assert!(q.move_front_to(&mut r, 11).is_err());
+        assert_eq!((q.len(), r.len()), (10, 0));
+    }
+
     #[test]
     fn a_file_that_refuses_splice_gets_the_bytes_written() {
         let (mut a, b) = UnixStream::pair().unwrap();

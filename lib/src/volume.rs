@@ -1017,6 +1017,22 @@ impl BlockDevice for Volume {
         .await
     }
 
+    /// Where its striped layer does: every component writes from pipes, and no mirror.
+    fn takes_piped_writes(&self) -> bool {
+        self.striped.takes_piped_writes()
+    }
+
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        let bytes = data.len() as u64;
+        self.timed(
+            OpKind::Write,
+            opts.class,
+            bytes,
+            self.striped.write_piped(start, data, opts),
+        )
+        .await
+    }
+
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         self.timed(OpKind::Flush, opts.class, 0, self.striped.flush(opts))
             .await

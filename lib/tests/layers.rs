@@ -961,3 +961,175 @@ fn a_read_in_parts_over_short_reads_is_an_error() {
         }
     });
 }
+
+/// A striped volume over files (through the page cache) takes a piped payload: each
+/// component's run is cut from the pipe in the payload's order (pipe to pipe) and written
+/// from it, at any start (on a unit boundary or not), over unequal components (the
+/// stripe narrowing at the end), through the volume's queues and without them; what
+/// reads back, through the volume and from each component, is what the same write in
+/// memory leaves on a twin volume. A mirror (a pipe cannot go to two sides) and a volume
+/// over memory take the payload in memory, with the same result.
+#[test]
+fn a_striped_volume_writes_a_piped_payload_as_its_components_runs() {
+    use tagstripe::striping::Flavor;
+    use tagstripe::{FileDevice, FileOptions};
+    let dir = std::env::temp_dir().join(format!("tagstripe-piped-vol-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    rt().block_on(async {
+        let sizes = [4096u64, 3072, 2048];
+        let files = |tag: &str| -> Vec<Arc<dyn DynBlockDevice>> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| {
+                    let f = FileDevice::create(
+                        dir.join(format!("{tag}{i}")),
+                        s,
+                        FileOptions::default(),
+                    );
+                    Arc::new(f.unwrap()) as Arc<dyn DynBlockDevice>
+                })
+                .collect()
+        };
+        for queue in [true, false] {
+            let (a, b) = (files("a"), files("b"));
+            let build = |c: Vec<Arc<dyn DynBlockDevice>>| {
+                Volume::builder(c)
+                    .interleave(16)
+                    .queue(queue)
+                    .quirks(QuirkSet::empty())
+                    .build()
+                    .unwrap()
+            };
+            let (piped, plain) = (build(a.clone()), build(b.clone()));
+            assert!(piped.takes_piped_writes(), "queue {queue}");
+            let total = piped.info().sectors;
+            // One unit; several, from a boundary; from inside a unit; into the narrow end.
+            for (n, (start, sectors)) in [(3u64, 8u64), (0, 200), (21, 333), (total - 300, 300)]
+                .into_iter()
+                .enumerate()
+            {
+                let data = pattern(sectors as usize * 512, n as u32);
+                let head = n * 1000 % 4096 / 512 * 512;
+                let p = common::piped_payload(&data[..head], &data[head..]);
+                piped.write_piped(start, p, IoOpts::new()).await.unwrap();
+                plain
+                    .write(start, data.clone(), IoOpts::new())
+                    .await
+                    .unwrap();
+                let got = piped.read(start, sectors, IoOpts::new()).await.unwrap();
+                assert!(got == data, "queue {queue}, write {n}: read back");
+            }
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                let s = x.info().sectors;
+                let (x, y) = (
+                    x.read(0, s, IoOpts::new()).await,
+                    y.read(0, s, IoOpts::new()).await,
+                );
+                assert!(x.unwrap() == y.unwrap(), "queue {queue}: component {i}");
+            }
+        }
+        // In memory: a mirror, and memory devices.
+        let mirror = Volume::builder(files("m")[..2].to_vec())
+            .flavor(Flavor::FreeBsd)
+            .mirror(true)
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        let memory = Volume::builder(mem(3, 4096))
+            .interleave(16)
+            .quirks(QuirkSet::empty())
+            .build()
+            .unwrap();
+        for (what, v) in [("mirror", &mirror), ("memory", &memory)] {
+            assert!(!v.takes_piped_writes(), "{what}");
+            let data = pattern(100 * 512, 7);
+            let p = common::piped_payload(&data[..512], &data[512..]);
+            v.write_piped(40, p, IoOpts::new()).await.unwrap();
+            assert!(
+                v.read(40, 100, IoOpts::new()).await.unwrap() == data,
+                "{what}"
+            );
+        }
+        // A payload shorter than it says is refused before a byte is written.
+        let p = common::piped_payload(&[], &[1u8; 1000]);
+        let short = memory.write_piped(0, p, IoOpts::new()).await;
+        assert!(short.is_err(), "1,000 bytes are not whole sectors");
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Takes piped writes, and answers the first with QUEUE FULL (having read its pipe).
+#[derive(Debug)]
+struct FullOnce {
+    inner: MemDevice,
+    answered: std::sync::atomic::AtomicBool,
+}
+
+impl BlockDevice for FullOnce {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<Bytes> {
+        self.inner.read(start, sectors, opts).await
+    }
+    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.write(start, data, opts).await
+    }
+    fn takes_piped_writes(&self) -> bool {
+        true
+    }
+    async fn write_piped(
+        &self,
+        start: u64,
+        data: tagstripe::Piped,
+        opts: IoOpts,
+    ) -> tagstripe::Result<()> {
+        if self
+            .answered
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let bytes = data.into_bytes().unwrap();
+            return self.inner.write(start, bytes, opts).await;
+        }
+        drop(data);
+        Err(Error::QueueFull {
+            device: self.inner.info().name.clone(),
+        })
+    }
+    async fn flush(&self, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.flush(opts).await
+    }
+    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> tagstripe::Result<()> {
+        self.inner.discard(start, sectors, opts).await
+    }
+}
+
+/// The tagged queue passes a piped write to a device that takes them, once: a device that
+/// answers QUEUE FULL to it (its pipe read) fails the write with a clear error rather than
+/// a retry with no bytes; the next piped write goes through.
+#[test]
+fn a_queue_sends_a_piped_write_once() {
+    rt().block_on(async {
+        let d = FullOnce {
+            inner: MemDevice::new("full", 1024),
+            answered: std::sync::atomic::AtomicBool::new(false),
+        };
+        let q = tagstripe::Queue::new(d);
+        assert!(q.takes_piped_writes());
+        let data = pattern(64 * 512, 3);
+        let p = common::piped_payload(&data[..512], &data[512..]);
+        let e = q.write_piped(8, p, IoOpts::new()).await.unwrap_err();
+        assert!(e.to_string().contains("sent already"), "{e}");
+        assert!(
+            q.read(8, 64, IoOpts::new())
+                .await
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0)
+        );
+        let p = common::piped_payload(&data[..512], &data[512..]);
+        q.write_piped(8, p, IoOpts::new()).await.unwrap();
+        assert!(q.read(8, 64, IoOpts::new()).await.unwrap() == data);
+    });
+}

@@ -740,27 +740,6 @@ fn plugged_requests_are_all_submitted_and_read_back() {
     }
 }
 
-/// Fills a payload of `head` then `body` (the body through a socket, into a pipe).
-fn piped(head: &[u8], body: &[u8]) -> tagstripe::Piped {
-    use std::io::Write;
-    use std::os::fd::AsFd;
-    let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-    b.set_nonblocking(true).unwrap();
-    let body = body.to_vec();
-    let sender = std::thread::spawn(move || a.write_all(&body));
-    let mut p = tagstripe::Piped::new(Bytes::copy_from_slice(head), 1 << 20);
-    let total = head.len() + (1 << 20);
-    while p.len() < total {
-        match p.fill_from(b.as_fd(), total - p.len()) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
-            Err(e) => panic!("{e}"),
-        }
-    }
-    sender.join().unwrap().unwrap();
-    p
-}
-
 /// A payload from a pipe (`write_piped`) lands whole and in order on every path of the
 /// backend: a file in memory (spliced on the calling thread), a file on disk (on the
 /// blocking pool), a loop device through its page cache (as its buffered writes), and with
@@ -823,14 +802,14 @@ fn uring_writes_a_piped_payload_on_every_path() {
         let head: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
         let body: Vec<u8> = (0..1u32 << 20).map(|i| (i % 239) as u8 ^ 0x5a).collect();
         rt.block_on(async {
-            dev.write_piped(512, piped(&head, &body), IoOpts::new())
+            dev.write_piped(512, common::piped_payload(&head, &body), IoOpts::new())
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             let got = dev.read(512, 2056, IoOpts::new()).await.unwrap();
             assert!(got[..4096] == head[..] && got[4096..] == body[..], "{name}");
             let end = dev.info().sectors;
             let e = dev
-                .write_piped(end - 8, piped(&head, &body), IoOpts::new())
+                .write_piped(end - 8, common::piped_payload(&head, &body), IoOpts::new())
                 .await
                 .expect_err("past the end");
             assert!(matches!(e, Error::OutOfRange { .. }), "{name}: {e}");

@@ -662,8 +662,8 @@ impl UringDevice {
             .map_err(self.io("write", start, sectors))
     }
 
-    /// Writes `parts` one after the other from byte `offset` with `pwrite`, on this thread
-    /// or on tokio's blocking pool (see [`BufferedWrites`]).
+    /// Writes `parts` one after the other from byte `offset` (one `pwritev` as a rule), on
+    /// this thread or on tokio's blocking pool (see [`BufferedWrites`]).
     async fn write_buffered(
         &self,
         b: &BufferedWrites,
@@ -671,13 +671,7 @@ impl UringDevice {
         offset: u64,
     ) -> io::Result<()> {
         self.buffered_with(b, move |file| {
-            use std::os::unix::fs::FileExt;
-            let mut at = offset;
-            for p in &parts {
-                file.write_all_at(p, at)?;
-                at += p.len() as u64;
-            }
-            Ok(())
+            super::file::write_all_vectored_at(file, &parts, offset)
         })
         .await
     }
@@ -707,14 +701,11 @@ impl UringDevice {
     }
 
     /// Writes `parts` one after the other from sector `start` on this thread if the file
-    /// lives in memory (as [`write_inline`](Self::write_inline) each); false if not all done.
+    /// lives in memory (as [`write_inline`](Self::write_inline), one `pwritev` as a rule);
+    /// false if not done, or not wholly (the ring then writes them all again).
     fn writev_inline(&self, parts: &[Bytes], start: u64) -> bool {
-        let mut at = start * 512;
-        parts.iter().all(|p| {
-            let ok = self.write_inline(p, at);
-            at += p.len() as u64;
-            ok
-        })
+        matches!(self.inline, Inline::Always)
+            && super::file::write_all_vectored_at(&self.shared.file, parts, start * 512).is_ok()
     }
 
     /// A buffer of at least `len` bytes (plus alignment room for O_DIRECT) and the offset

@@ -445,9 +445,10 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Whether [`write_piped`](Self::write_piped) sends a payload's piped bytes on to the
     /// device without reading them into memory first: a server asks before it takes write
     /// payloads off its socket into pipes (which only pays where they stay there). True for
-    /// the io_uring and file backends through the page cache; false by default, and for
-    /// every layer that looks at or keeps the bytes it writes (the tagged queue, a striped
-    /// volume, a recording).
+    /// the io_uring and file backends through the page cache, and for the layers over them
+    /// that pass a payload on whole or cut it pipe to pipe (the tagged queue, the split
+    /// layer, a striped volume without a mirror); false by default, and for every layer
+    /// that looks at or keeps the bytes it writes (a mirror, a recording, tenants).
     fn takes_piped_writes(&self) -> bool {
         false
     }

@@ -81,6 +81,16 @@ impl BlockDevice for Component {
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         each!(self, d => d.write_vectored(start, parts, opts))
     }
+    fn takes_piped_writes(&self) -> bool {
+        match self {
+            Self::Queued(d) => d.takes_piped_writes(),
+            Self::Direct(d) => d.takes_piped_writes(),
+            Self::Erased(d) => d.takes_piped_writes(),
+        }
+    }
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        each!(self, d => d.write_piped(start, data, opts))
+    }
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         each!(self, d => d.flush(opts))
     }

@@ -751,6 +751,43 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         self.write_parts(start, parts, opts).await
     }
 
+    /// As the device does: a piped payload goes to the device in the pipe where the
+    /// device writes from pipes (see [`write_piped`](Self::write_piped)).
+    fn takes_piped_writes(&self) -> bool {
+        self.dev.takes_piped_writes()
+    }
+
+    /// Through the queue as a write of the same size (its tag, its class, its statistics).
+    /// The pipe's bytes can be sent to the device once: a write the queue would cut into
+    /// pieces (bulk shaping), or a device that does not write from pipes, takes them in
+    /// memory, and a device that answers QUEUE FULL to a piped write fails it (a device
+    /// that writes from pipes has no such answer: the io_uring and file backends).
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        let sectors = self.dev.info().check_write(start, data.len())?;
+        if !self.dev.takes_piped_writes() || self.pieces(OpKind::Write, opts, sectors).is_some() {
+            return crate::device::write_piped_from_memory(self, start, data, opts).await;
+        }
+        let data = Mutex::new(Some(data));
+        self.run(OpKind::Write, sectors * 512, opts, |k| {
+            let data = data.lock().take();
+            async move {
+                let Some(data) = data else {
+                    return Err(Error::Io {
+                        device: self.dev.info().name.clone(),
+                        op: "write",
+                        start,
+                        sectors,
+                        source: std::io::Error::other(
+                            "the device asked for the write again, and its piped payload was sent already",
+                        ),
+                    });
+                };
+                self.dev.write_piped(start, data, with_kind(opts, k)).await
+            }
+        })
+        .await
+    }
+
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         self.run(OpKind::Flush, 0, opts, |k| {
             self.dev.flush(with_kind(opts, k))

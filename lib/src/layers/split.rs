@@ -190,6 +190,33 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         self.write_parts(start, sectors, parts, opts).await
     }
 
+    /// As the device does (see [`write_piped`](Self::write_piped)).
+    fn takes_piped_writes(&self) -> bool {
+        self.dev.takes_piped_writes()
+    }
+
+    /// A write within the device's limits goes down whole, in its pipe; one to be cut
+    /// into pieces (or to a device that does not write from pipes) is read into memory and
+    /// cut as any other.
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        let whole = self
+            .splitter
+            .split(Op::Write, start, sectors)?
+            .next()
+            .is_some_and(|p| p.sectors == sectors);
+        if !whole || !self.dev.takes_piped_writes() {
+            return crate::device::write_piped_from_memory(self, start, data, opts).await;
+        }
+        let durable = opts.fua || self.force_fua;
+        let fua = durable && self.info.caps.fua;
+        self.dev.write_piped(start, data, opts.fua(fua)).await?;
+        if durable && !fua {
+            self.dev.flush(opts.fua(false)).await?;
+        }
+        Ok(())
+    }
+
     async fn flush(&self, opts: IoOpts) -> Result<()> {
         self.dev.flush(opts).await
     }

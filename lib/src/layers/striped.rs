@@ -407,6 +407,61 @@ impl Striped {
         Ok(())
     }
 
+    /// A piped payload cut into its components' runs (see
+    /// [`BlockDevice::write_piped`]): each piece moved, in the payload's order, to the end
+    /// of its component's run (pipe to pipe), then the runs written at once.
+    async fn write_piped_runs(
+        &self,
+        start: u64,
+        sectors: u64,
+        mut data: crate::Piped,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let merged = self.geometry.map(start, sectors)?.merged();
+        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
+            let _intent = self.intent(std::slice::from_ref(&p)).await?;
+            return self.components[p.component]
+                .write_piped(p.cblk, data, opts)
+                .await
+                .map_err(|e| component(p.component, Some(p.lblk), e));
+        }
+        let pieces: Vec<Piece> = merged.collect();
+        let _intent = self.intent(&pieces).await?;
+        let runs = gather(&pieces);
+        // Which run each piece goes to, and the runs' payloads.
+        let mut run_of = vec![0usize; pieces.len()];
+        for (r, (_, members)) in runs.iter().enumerate() {
+            for &m in members {
+                run_of[m] = r;
+            }
+        }
+        let mut piped: Vec<crate::Piped> = runs
+            .iter()
+            .map(|(run, _)| crate::Piped::new(Bytes::new(), run.count as usize * 512))
+            .collect();
+        for (p, &r) in pieces.iter().zip(&run_of) {
+            data.move_front_to(&mut piped[r], p.count as usize * 512)
+                .map_err(|source| {
+                    let e = Error::Io {
+                        device: self.info.name.clone(),
+                        op: "write",
+                        start: p.lblk,
+                        sectors: p.count,
+                        source,
+                    };
+                    component(p.component, Some(p.lblk), e)
+                })?;
+        }
+        let writes = runs.iter().zip(piped).map(|((run, _), data)| async move {
+            self.components[run.component]
+                .write_piped(run.cblk, data, opts)
+                .await
+                .map_err(|e| component(run.component, None, e))
+        });
+        crate::device::all(writes).await?;
+        Ok(())
+    }
+
     async fn read_piece(&self, p: Piece, opts: IoOpts, send: bool) -> Result<Bytes> {
         let (first, other) = self.sides(&p);
         let read = |c: usize| {
@@ -680,6 +735,23 @@ impl BlockDevice for Striped {
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let sectors = crate::device::check_parts(&self.info, start, &parts)?;
         self.write_parts(start, sectors, parts, opts).await
+    }
+
+    /// Where every component does, on a volume without a mirror (a pipe's bytes cannot
+    /// go to two sides).
+    fn takes_piped_writes(&self) -> bool {
+        !self.geometry.is_mirror() && self.components.iter().all(BlockDevice::takes_piped_writes)
+    }
+
+    /// Each component's run of the payload moved into a pipe of its own, in the payload's
+    /// order, and written there (see [`takes_piped_writes`](Self::takes_piped_writes));
+    /// else read into memory and written as any other.
+    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+        let sectors = self.info.check_write(start, data.len())?;
+        if !self.takes_piped_writes() {
+            return crate::device::write_piped_from_memory(self, start, data, opts).await;
+        }
+        self.write_piped_runs(start, sectors, data, opts).await
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {

@@ -102,3 +102,25 @@ pub fn rt() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// A write's payload as the NBD server takes a large one: `head` in memory, then `body`
+/// sent through a socket (by a thread of its own) and taken into a pipe.
+pub fn piped_payload(head: &[u8], body: &[u8]) -> tagstripe::Piped {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    b.set_nonblocking(true).unwrap();
+    let (total, room) = (head.len() + body.len(), body.len());
+    let body = body.to_vec();
+    let sender = std::thread::spawn(move || a.write_all(&body));
+    let mut p = tagstripe::Piped::new(bytes::Bytes::copy_from_slice(head), room);
+    while p.len() < total {
+        match p.fill_from(b.as_fd(), total - p.len()) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sender.join().unwrap().unwrap();
+    p
+}
