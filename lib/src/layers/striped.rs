@@ -439,17 +439,16 @@ impl Striped {
             .iter()
             .map(|(run, _)| crate::Piped::new(Bytes::new(), run.count as usize * 512))
             .collect();
+        // Nothing is written unless every piece found its run (a pipe's failure is the
+        // volume's, not a component's).
         for (p, &r) in pieces.iter().zip(&run_of) {
             data.move_front_to(&mut piped[r], p.count as usize * 512)
-                .map_err(|source| {
-                    let e = Error::Io {
-                        device: self.info.name.clone(),
-                        op: "write",
-                        start: p.lblk,
-                        sectors: p.count,
-                        source,
-                    };
-                    component(p.component, Some(p.lblk), e)
+                .map_err(|source| Error::Io {
+                    device: self.info.name.clone(),
+                    op: "write",
+                    start: p.lblk,
+                    sectors: p.count,
+                    source,
                 })?;
         }
         let writes = runs.iter().zip(piped).map(|((run, _), data)| async move {
