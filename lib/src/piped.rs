@@ -415,13 +415,13 @@ impl Drop for Piped {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
     /// A file of its own, already unlinked.
-    fn scratch(name: &str) -> File {
+    pub(crate) fn scratch(name: &str) -> File {
         let path =
             std::env::temp_dir().join(format!("tagstripe-piped-{name}-{}", std::process::id()));
         let f = std::fs::OpenOptions::new()

@@ -694,15 +694,7 @@ mod tests {
     #[test]
     fn a_vectored_write_of_many_parts_lands_back_to_back() {
         use std::os::unix::fs::FileExt;
-        let path = std::env::temp_dir().join(format!("tagstripe-pwritev-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let f = crate::piped::tests::scratch("pwritev");
         let parts: Vec<bytes::Bytes> = (0..2500usize)
             .map(|i| {
                 let n = if i % 7 == 3 { 0 } else { i % 13 * 37 + 1 };
