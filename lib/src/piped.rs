@@ -447,6 +447,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// Fills `p` from `s` until it holds `len` bytes, while a writer thread sends them.
+    fn fill_as_sent(p: &mut Piped, s: &UnixStream, len: usize) {
+        while p.len() < len {
+            match p.fill_from(s.as_fd(), len - p.len()) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     #[test]
     fn the_bytes_come_back_whole_from_memory_and_pipe() {
         let (mut a, b) = UnixStream::pair().unwrap();
@@ -480,13 +491,7 @@ pub(crate) mod tests {
         let head = pattern(4096, 2);
         let total = head.len() + (1 << 20);
         let mut p = Piped::new(Bytes::from(head.clone()), 1 << 20);
-        while p.len() < total {
-            match p.fill_from(b.as_fd(), total - p.len()) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        fill_as_sent(&mut p, &b, total);
         let body = sender.join().unwrap().unwrap();
         let f = scratch("order");
         f.set_len(8 << 20).unwrap();
@@ -540,13 +545,7 @@ pub(crate) mod tests {
         let total = head.len() + body.len();
         // A pipe for 64 KiB of the body: the rest spills into memory after it.
         let mut p = Piped::new(Bytes::from(head.clone()), 64 << 10);
-        while p.len() < total {
-            match p.fill_from(b.as_fd(), total - p.len()) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        fill_as_sent(&mut p, &b, total);
         sender.join().unwrap().unwrap();
         assert!(p.in_pipe() > 0 && p.in_pipe() < body.len());
         let whole: Vec<u8> = [head, body].concat();
