@@ -16,10 +16,26 @@ pub(crate) struct OpenOptions {
 /// Opens one component with the library's [`tagstripe::open`]: `nbd://`, `nbd+unix://`,
 /// `sim:PROFILE:SIZE`, a block device or a file.
 pub(crate) async fn open(spec: &str, o: OpenOptions) -> Result<Arc<dyn DynBlockDevice>, String> {
-    let opts = tagstripe::OpenOptions::new()
+    tagstripe::open(spec, &library_options(o))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn library_options(o: OpenOptions) -> tagstripe::OpenOptions {
+    tagstripe::OpenOptions::new()
         .read_only(o.read_only)
-        .direct(o.direct);
-    tagstripe::open(spec, &opts)
+        .direct(o.direct)
+}
+
+/// Opens one of several components that serve together: with `opener`, its files and block
+/// devices share one io_uring instance.
+async fn open_together(
+    opener: &mut tagstripe::Opener,
+    spec: &str,
+    o: OpenOptions,
+) -> Result<Arc<dyn DynBlockDevice>, String> {
+    opener
+        .open(spec, &library_options(o))
         .await
         .map_err(|e| e.to_string())
 }
@@ -37,14 +53,16 @@ pub(crate) async fn open_file(
     open(&spec, o).await
 }
 
-/// Opens every component, in order.
+/// Opens every component, in order (their files and block devices on one io_uring
+/// instance, see [`tagstripe::Opener`]).
 pub(crate) async fn open_all(
     specs: &[String],
     o: OpenOptions,
 ) -> Result<Vec<Arc<dyn DynBlockDevice>>, String> {
     let mut out = Vec::with_capacity(specs.len());
+    let mut opener = tagstripe::Opener::new();
     for s in specs {
-        let d = open(s, o).await?;
+        let d = open_together(&mut opener, s, o).await?;
         note_tail(s, &d);
         out.push(d);
     }
@@ -91,15 +109,16 @@ pub(crate) async fn open_all_for_bench(
 ) -> Result<(Vec<Arc<dyn DynBlockDevice>>, bool), String> {
     let mut out = Vec::with_capacity(specs.len());
     let mut all_direct = !buffered;
+    let mut opener = tagstripe::Opener::new();
     for s in specs {
         let o = OpenOptions {
             read_only,
             direct: !buffered && is_path(s),
         };
-        let d = match open(s, o).await {
+        let d = match open_together(&mut opener, s, o).await {
             Ok(d) => d,
             Err(e) if o.direct => {
-                let d = open(s, OpenOptions { direct: false, ..o }).await?;
+                let d = open_together(&mut opener, s, OpenOptions { direct: false, ..o }).await?;
                 eprintln!("note: {s}: O_DIRECT refused ({e}); opened buffered");
                 all_direct = false;
                 d

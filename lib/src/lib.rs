@@ -63,13 +63,13 @@ mod shard;
 mod stats;
 mod volume;
 
-#[cfg(feature = "uring")]
-#[cfg_attr(docsrs, doc(cfg(feature = "uring")))]
-pub use backend::UringDevice;
 pub use backend::{
     Fault, FaultDevice, FaultKind, FaultOp, FileDevice, FileOptions, MemDevice, SimDevice,
     aligned_bytes, sysfs_limits,
 };
+#[cfg(feature = "uring")]
+#[cfg_attr(docsrs, doc(cfg(feature = "uring")))]
+pub use backend::{UringDevice, UringRing};
 pub use crash::{Recorded, Recorder};
 pub use device::{
     BlockDevice, BoxFuture, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Zeroes, Zeroing,
@@ -82,7 +82,7 @@ pub use layers::{
     Tenants, read_md_superblock,
 };
 pub use model::{ByteModel, Check};
-pub use open::{OpenOptions, open, parse_size};
+pub use open::{OpenOptions, Opener, open, parse_size};
 pub use piped::Piped;
 pub use plug::Plugged;
 pub use stats::{Stats, StatsSnapshot};

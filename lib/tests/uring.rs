@@ -2,6 +2,7 @@
 //! without O_DIRECT, under concurrency; where io_uring is unavailable the test says so.
 #![cfg(feature = "uring")]
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,6 +18,14 @@ use common::{can_use_loop, make_loop_with};
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A runtime of one thread: requests are all submitted before the reaper can run.
+fn one_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
@@ -187,10 +196,7 @@ fn uring_takes_more_requests_than_its_completion_queue_holds() {
     );
     let n = 4096u64;
     assert!(n as usize > 100 * cap);
-    let single = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let single = one_thread();
     single.block_on(async {
         let writes = (0..n).map(|i| {
             let data = Bytes::from(vec![(i % 251) as u8; 1024]);
@@ -247,10 +253,7 @@ fn uring_unqueued_volume_over_a_loop_device_with_small_max_sectors() {
         Err(e) => panic!("{e}"),
     };
     assert_eq!(dev.info().limits.max_sectors, 8, "{:?}", dev.info().limits);
-    let single = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let single = one_thread();
     single.block_on(async {
         let vol = Volume::builder(vec![Arc::new(dev) as Arc<dyn DynBlockDevice>])
             .quirks(QuirkSet::empty())
@@ -668,19 +671,38 @@ fn read_to_send_past_the_end_of_a_file_shrunk_meanwhile_is_an_error() {
     }
 }
 
+/// `n` new files of 4 MiB in /var/tmp (on disk, where O_DIRECT works), named after `tag`.
+fn scratch_files(tag: &str, n: usize) -> Vec<std::path::PathBuf> {
+    (0..n)
+        .map(|i| {
+            let p = std::path::PathBuf::from("/var/tmp")
+                .join(format!("tagstripe-{tag}-{}-{i}.img", std::process::id()));
+            drop(FileDevice::create(&p, 8192, FileOptions::default()).unwrap());
+            p
+        })
+        .collect()
+}
+
+/// Polls `futs` together under one plug (`Plugged`); they must all be done within two
+/// minutes (a hang would be completions lost).
+async fn all_plugged<F: Future>(futs: impl IntoIterator<Item = F>, what: &str) -> Vec<F::Output> {
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        tagstripe::Plugged::new(Box::pin(join_all(futs))),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what} hung: completions were lost"))
+}
+
 /// Requests started under a plug (`Plugged`) with O_DIRECT are held in the submission queue
 /// and entered together when the poll returns: more of them than the ring holds (the rest
 /// wait in user space), on one device and on a volume of two, all complete (a hang would
 /// fail the timeout) and read back what was written.
 #[test]
 fn plugged_requests_are_all_submitted_and_read_back() {
-    let dir = std::path::PathBuf::from("/var/tmp");
-    let paths: Vec<_> = (0..3)
-        .map(|i| dir.join(format!("tagstripe-plug-{}-{i}.img", std::process::id())))
-        .collect();
+    let paths = scratch_files("plug", 3);
     let mut devs = Vec::new();
     for p in &paths {
-        drop(FileDevice::create(p, 8192, FileOptions::default()).unwrap());
         match open(p, true) {
             Some(d) => devs.push(Arc::new(d) as Arc<dyn DynBlockDevice>),
             None => {
@@ -714,22 +736,12 @@ fn plugged_requests_are_all_submitted_and_read_back() {
             let futs = writes
                 .iter()
                 .map(|(start, data)| dev.write(*start, Bytes::from(data.clone()), IoOpts::new()));
-            let done = tokio::time::timeout(
-                std::time::Duration::from_secs(60),
-                tagstripe::Plugged::new(Box::pin(join_all(futs))),
-            )
-            .await
-            .expect("plugged writes all complete");
+            let done = all_plugged(futs, "plugged writes").await;
             assert!(done.iter().all(Result::is_ok), "{done:?}");
             let reads = writes
                 .iter()
                 .map(|(start, data)| dev.read(*start, data.len() as u64 / 512, IoOpts::new()));
-            let got = tokio::time::timeout(
-                std::time::Duration::from_secs(60),
-                tagstripe::Plugged::new(Box::pin(join_all(reads))),
-            )
-            .await
-            .expect("plugged reads all complete");
+            let got = all_plugged(reads, "plugged reads").await;
             for (g, (start, data)) in got.into_iter().zip(&writes) {
                 assert!(g.unwrap() == *data, "sector {start}");
             }
@@ -823,4 +835,107 @@ fn uring_writes_a_piped_payload_on_every_path() {
             std::fs::remove_file(path).unwrap();
         }
     }
+}
+
+/// Three files on one small ring (O_DIRECT where the filesystem takes it, and one through
+/// the page cache): thousands of requests across them at once, many more than the ring's
+/// completion queue holds, on one thread and under a plug; each file gets its own bytes
+/// back, through the ring and in the file itself. A device dropped with requests abandoned in
+/// flight leaves the ring serving the others, and the ring, dropped last, waits for the
+/// kernel.
+#[test]
+fn devices_sharing_a_ring_keep_their_data_apart() {
+    let paths = scratch_files("ring", 3);
+    let cleanup = || {
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    let ring = match tagstripe::UringRing::new(4) {
+        Ok(r) => r,
+        Err(Error::Unsupported { .. }) => {
+            eprintln!("skipping: io_uring is not available here");
+            cleanup();
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let cap = ring.capacity();
+    assert!(cap <= 16, "a 4-entry ring, got a completion queue of {cap}");
+    let devs: Vec<Arc<UringDevice>> = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let opts = FileOptions {
+                direct: i < 2,
+                ..FileOptions::default()
+            };
+            let d = UringDevice::open_on(&ring, p, opts, false)
+                .or_else(|_| UringDevice::open_on(&ring, p, FileOptions::default(), false))
+                .unwrap();
+            assert_eq!(d.ring_capacity(), cap);
+            Arc::new(d)
+        })
+        .collect();
+    // 600 writes a device of 4 KiB, each device's bytes its own (device i, write k: 3k + i).
+    let n = 600u64;
+    let byte = |dev: usize, k: u64| ((k * 3 + dev as u64) % 251) as u8 + 1;
+    let single = one_thread();
+    single.block_on(async {
+        let writes = (0..n).flat_map(|k| {
+            devs.iter().enumerate().map(move |(i, d)| {
+                d.write(k * 8, Bytes::from(vec![byte(i, k); 4096]), IoOpts::new())
+            })
+        });
+        let done = all_plugged(writes, "writes across the ring").await;
+        assert!(done.iter().all(Result::is_ok), "a write failed");
+        let reads = (0..n).flat_map(|k| {
+            devs.iter()
+                .enumerate()
+                .map(move |(i, d)| async move { (i, k, d.read(k * 8, 8, IoOpts::new()).await) })
+        });
+        let got = tokio::time::timeout(std::time::Duration::from_secs(120), join_all(reads))
+            .await
+            .expect("reads hung: completions were lost");
+        for (i, k, r) in got {
+            assert!(
+                r.unwrap() == vec![byte(i, k); 4096],
+                "device {i}, block {k}"
+            );
+        }
+    });
+    // The ring's reaper ran on that runtime: gone with it, the next runtime starts its own.
+    drop(single);
+    // Device 0's requests abandoned in flight, then device 0 dropped: the others go on.
+    let mut devs = devs;
+    let first = devs.remove(0);
+    rt().block_on(async {
+        for k in 0..64u64 {
+            let d = Arc::clone(&first);
+            let f = async move { d.read(k * 8, 8, IoOpts::new()).await };
+            let _ = tokio::time::timeout(std::time::Duration::ZERO, f).await;
+        }
+        drop(first);
+        for (i, d) in devs.iter().enumerate() {
+            let i = i + 1;
+            d.write(0, Bytes::from(vec![0xEE; 4096]), IoOpts::new())
+                .await
+                .unwrap();
+            assert!(d.read(0, 8, IoOpts::new()).await.unwrap() == vec![0xEE; 4096]);
+            assert!(d.read(8, 8, IoOpts::new()).await.unwrap() == vec![byte(i, 1); 4096]);
+        }
+    });
+    drop(devs);
+    drop(ring);
+    for (i, p) in paths.iter().enumerate() {
+        let raw = std::fs::read(p).unwrap();
+        for k in 1..n {
+            let at = k as usize * 4096;
+            assert!(
+                raw[at..at + 4096].iter().all(|&b| b == byte(i, k)),
+                "file {i}, block {k}"
+            );
+        }
+    }
+    cleanup();
 }

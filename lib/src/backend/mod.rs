@@ -14,4 +14,4 @@ pub(crate) use file::{punch_hole, seek_extents};
 pub use mem::MemDevice;
 pub use sim::SimDevice;
 #[cfg(feature = "uring")]
-pub use uring::UringDevice;
+pub use uring::{UringDevice, UringRing};
