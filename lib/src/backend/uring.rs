@@ -471,7 +471,7 @@ enum Inline {
 
 impl std::fmt::Debug for RingShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("UringRing")
             .field("in_flight", &self.state.lock().inflight.len())
             .finish()
     }
