@@ -31,6 +31,12 @@
 # the best peer is more than that, no server can reach it (counted at the end). Not the loop
 # rows: io_uring through a block device's page cache hands each request to a kernel worker
 # and is no measure of it (4 KiB random reads: 78 k/s alone, 202 k/s served by tagstripe).
+# Every row also prints the client's ceiling: fio's own CPU a request (user + system, from its
+# report; the least of the three servers' runs), and what that allows a second on as many cores
+# as it has jobs (at most the machine's) if the server cost nothing. Where 1.2x the best peer
+# is more than the device alone or that ceiling, the cell is out of any server's reach on this
+# machine; the last line counts those and how many of the others reach 1.2x. (An estimate: a
+# client could spend less a request against a server that batched its replies better still.)
 # With $TLS=1 (default), 1 MiB reads over TLS on the shm file too.
 # The loop devices need root; without it they are skipped, and said so.
 set -euo pipefail
@@ -205,23 +211,29 @@ stop() { stop_servers; rm -f "$dir"/*.sock "$dir"/*.pid; }
 # A process's user + system CPU seconds so far.
 cpu() { $py -c 'import os,sys; f=open(f"/proc/{sys.argv[1]}/stat").read().rsplit(")",1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf("SC_CLK_TCK"))' "$1"; }
 
-# fio, one workload against one server: prints "IOPS GiB-moved".
+# fio, one workload against one server: prints "IOPS GiB-moved client-us-per-request", the
+# last fio's own CPU (user + system, all its jobs) per request.
 fio_run() { # uri rw bs depth jobs [extra...]
   local uri=$1 rw=$2 bs=$3 depth=$4 jobs=$5
   shift 5
   HOME=$dir/home fio --name=w --ioengine=nbd --uri="$uri" --rw="$rw" --rwmixread=50 --bs="$bs" \
     --iodepth="$depth" --numjobs="$jobs" --group_reporting --time_based --runtime="$secs" \
     --size=512M --output-format=json "$@" 2>/dev/null |
-    $py -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]), (j["read"]["io_bytes"]+j["write"]["io_bytes"])/2**30)'
+    $py -c 'import json,sys
+t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]
+n=j["read"]["total_ios"]+j["write"]["total_ios"]
+# usr_cpu and sys_cpu are percent of the jobs summed run time (job_runtime, ms).
+c=(j["usr_cpu"]+j["sys_cpu"])/100*j["job_runtime"]/1000
+print(round(j["read"]["iops"]+j["write"]["iops"]), (j["read"]["io_bytes"]+j["write"]["io_bytes"])/2**30, round(c/n*1e6,3) if n else "-")'
 }
-# One run of a workload against a server: prints "IOPS CPU-s-per-GiB".
+# One run of a workload against a server: prints "IOPS CPU-s-per-GiB client-us-per-request".
 measured() { # pid uri rw bs depth jobs
   local pid=$1 before after out
   shift
   before=$(cpu "$pid")
   out=$(fio_run "$@")
   after=$(cpu "$pid")
-  $py -c 'import sys; i,g,b,a=sys.argv[1:]; g=float(g); print(i, round((float(a)-float(b))/g,3) if g>0 else "-")' $out "$before" "$after"
+  $py -c 'import sys; i,g,c,b,a=sys.argv[1:]; g=float(g); print(i, round((float(a)-float(b))/g,3) if g>0 else "-", c)' $out "$before" "$after"
 }
 # The device alone, once per device, workload and jobs: fio (io_uring) on the file or loop
 # device itself; sets alone_iops (empty or 0 if fio could not run it).
@@ -254,6 +266,7 @@ shape() { # workload -> rw bs depth
 
 mkdir -p "$dir/home/.pki"
 cells=0 met=0 cpu_ok=0 scells=0 smet=0 beyond=0 turn=0
+beyond_client=0 unreachable=0 reachable=0 reach_met=0 ncpu=$(nproc)
 header=""
 for kind in $devices; do
   case $kind in
@@ -274,7 +287,7 @@ for kind in $devices; do
     for jobs in $jobs_list; do
       for w in $workloads; do
         read -r rw bs depth <<<"$(shape "$w")"
-        ts=() kit=() qn=() cts=() ckit=() cqn=()
+        ts=() kit=() qn=() cts=() ckit=() cqn=() kts=() kkit=() kqn=()
         for _ in $(seq "$runs"); do
           # Which server goes first turns from run to run: on the O_DIRECT devices the
           # first of two servers in a row ran 1 MiB writes 0.80-0.81x of the second,
@@ -283,9 +296,9 @@ for kind in $devices; do
           turn=$((turn + 1))
           for who in "${order[@]:turn%3}" "${order[@]:0:turn%3}"; do
             case $who in
-              ts) read -r i c <<<"$(measured "$pid_ts" "$uri_ts" "$rw" "$bs" "$depth" "$jobs")"; ts+=("$i"); cts+=("$c") ;;
-              kit) read -r i c <<<"$(measured "$pid_kit" "$uri_kit" "$rw" "$bs" "$depth" "$jobs")"; kit+=("$i"); ckit+=("$c") ;;
-              qemu) read -r i c <<<"$(measured "$pid_qemu" "$uri_qemu" "$rw" "$bs" "$depth" "$jobs")"; qn+=("$i"); cqn+=("$c") ;;
+              ts) read -r i c k <<<"$(measured "$pid_ts" "$uri_ts" "$rw" "$bs" "$depth" "$jobs")"; ts+=("$i"); cts+=("$c"); kts+=("$k") ;;
+              kit) read -r i c k <<<"$(measured "$pid_kit" "$uri_kit" "$rw" "$bs" "$depth" "$jobs")"; kit+=("$i"); ckit+=("$c"); kkit+=("$k") ;;
+              qemu) read -r i c k <<<"$(measured "$pid_qemu" "$uri_qemu" "$rw" "$bs" "$depth" "$jobs")"; qn+=("$i"); cqn+=("$c"); kqn+=("$k") ;;
             esac
           done
         done
@@ -303,6 +316,7 @@ for kind in $devices; do
           cells=$((cells + 1))
           $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && met=$((met + 1))
           $py -c "import sys; sys.exit(0 if $ca <= $cb else 1)" && cpu_ok=$((cpu_ok + 1))
+          out_of_reach=0
           if [[ $kind != loop ]]; then
             alone "$kind-$jobs-$w" "$rw" "$bs" "$depth" "$jobs"
             if [[ -z $alone_iops || $alone_iops == 0 ]]; then
@@ -310,10 +324,28 @@ for kind in $devices; do
             else
               note="; alone $alone_iops"
               if $py -c "import sys; sys.exit(0 if 1.2*$best > $alone_iops else 1)"; then
-                beyond=$((beyond + 1)) note="$note (1.2x the peer is beyond it)"
+                beyond=$((beyond + 1)) out_of_reach=1 note="$note (1.2x the peer is beyond it)"
               fi
             fi
           fi
+          # The client's ceiling: fio's own CPU a request (the least of the three servers'
+          # runs: a client waiting on a slow server spends more), so many requests a second
+          # on as many cores as it has jobs (at most the machine's) with a server that cost
+          # nothing.
+          read -r kmin ceiling <<<"$($py -c 'import sys,statistics
+def m(a): a=[float(x) for x in a.split() if x!="-"]; return statistics.median(a) if a else None
+k=[x for x in map(m, sys.argv[1:4]) if x]
+if not k: print("- -")
+else: c=min(k); print(round(c,2), round(min(int(sys.argv[4]), int(sys.argv[5]))/c*1e6))' \
+            "${kts[*]}" "${kkit[*]}" "${kqn[*]}" "$jobs" "$ncpu")"
+          if [[ $ceiling != - ]]; then
+            note="$note; client $kmin us a request: ceiling $ceiling"
+            if $py -c "import sys; sys.exit(0 if 1.2*$best > $ceiling else 1)"; then
+              beyond_client=$((beyond_client + 1)) out_of_reach=1 note="$note (1.2x the peer is beyond it)"
+            fi
+          fi
+          ((out_of_reach == 0)) || unreachable=$((unreachable + 1))
+          ((out_of_reach == 1)) || { reachable=$((reachable + 1)); $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && reach_met=$((reach_met + 1)); }
         fi
         printf '%-13s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s%s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc" "$note"
       done
@@ -321,7 +353,7 @@ for kind in $devices; do
     stop
   done
 done
-((cells == 0)) || echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells; cells where 1.2x the best peer is beyond the device alone: $beyond"
+((cells == 0)) || echo "cells at >= 1.2x the best peer: $met of $cells; tagstripe's CPU per GiB at most nbdkit's: $cpu_ok of $cells; cells where 1.2x the best peer is beyond the device alone: $beyond, beyond the client's ceiling: $beyond_client, beyond either: $unreachable; of the other $reachable cells, $reach_met at >= 1.2x"
 ((scells == 0)) || echo "striped volume at >= 0.9x of the one device served alone: $smet of $scells"
 
 [[ $tls == 1 ]] || exit 0
