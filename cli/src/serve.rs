@@ -92,6 +92,12 @@ pub(crate) struct ServeArgs {
     /// Largest request a client may send, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_request: u32,
+    /// TCP congestion control for connections from this host (a loopback address or the
+    /// server's own), or `system` to keep the system's: BBR's pacing on loopback spaced
+    /// large replies out (1 MiB reads, one connection: 1.45-1.54x the reads a second with
+    /// cubic). Connections from elsewhere keep the system's.
+    #[arg(long, default_value = "cubic", value_name = "NAME|system", value_parser = parse_congestion)]
+    local_congestion: String,
     /// Serve the components as an md array of this level instead of a ccd geometry:
     /// raid5, raid6 or raid10 (member sector 0 at each component's start, or at
     /// --reserved).
@@ -283,6 +289,22 @@ fn parse_class_export(s: &str) -> Result<(String, IoClass), String> {
     Ok((name.to_owned(), parse_class(class)?))
 }
 
+/// A congestion control's name as the kernel lists them (at most 15 bytes: letters, digits,
+/// `_` and `-`), or `system`.
+fn parse_congestion(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() < 16
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a congestion control's name (as net.ipv4.tcp_available_congestion_control lists them: up to 15 letters, digits, _ or -) nor `system`"
+        ))
+    }
+}
+
 pub(crate) fn run(args: &ServeArgs) -> ExitCode {
     keep_large_buffers();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -426,6 +448,8 @@ fn validate(args: &ServeArgs) -> Result<Checked, Refused> {
     };
     let config = ServerConfig {
         max_request: args.max_request,
+        local_congestion: (args.local_congestion != "system")
+            .then(|| args.local_congestion.clone()),
         class: args.class,
         allow: allow.clone(),
         tls: args.tls,

@@ -99,6 +99,14 @@ fn malformed_command_lines_exit_2() {
             "100",
             "/dev/null",
         ]),
+        s(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--local-congestion",
+            "not a name",
+            "/dev/null",
+        ]),
         // A mirror without metadata must be said to be clean.
         s(&[
             "serve",

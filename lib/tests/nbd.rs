@@ -1565,3 +1565,31 @@ async fn idle_connections_give_way_to_a_client_that_speaks() {
     assert_eq!(old.read(0, 1, IoOpts::new()).await.unwrap(), vec![5u8; 512]);
     drop(flood);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_from_this_host_get_the_local_congestion_control() {
+    // reno is in every kernel with TCP and allowed to everyone; a name the kernel does not
+    // have is refused, and the connection is served all the same.
+    for (cc, counted) in [(Some("reno"), 1), (None, 0), (Some("no-such-algorithm"), 0)] {
+        let vol: Arc<dyn DynBlockDevice> = Arc::new(MemDevice::new("m", 2048));
+        let config = ServerConfig {
+            local_congestion: cc.map(str::to_owned),
+            ..ServerConfig::default()
+        };
+        let (base, server) = start(NbdServer::new(config).export("vol", vol)).await;
+        let c = NbdDevice::connect(&format!("{base}/vol")).await.unwrap();
+        let want = pattern(3, 64 << 10);
+        c.write(8, Bytes::from(want.clone()), IoOpts::new())
+            .await
+            .unwrap();
+        assert_eq!(c.read(8, 128, IoOpts::new()).await.unwrap(), want, "{cc:?}");
+        assert_eq!(
+            server
+                .counters()
+                .local_congestion_set
+                .load(std::sync::atomic::Ordering::Relaxed),
+            counted,
+            "{cc:?}"
+        );
+    }
+}
