@@ -443,10 +443,21 @@ impl ServerSession {
 }
 
 /// 4 KiB-aligned runs of zero bytes of at least [`HOLE_MIN`] in `d`, as byte ranges.
+///
+/// Data with no such run is told by one block in every `HOLE_MIN / 4 KiB` (16): a run holds
+/// that many whole blocks in a row (a tail shorter than a block adds less than one), so it
+/// holds one whose index is a multiple of 16. Reading the others too had every read's
+/// payload walked a cache line a page (3.4% of `serve`'s time, 64 KiB random reads and
+/// writes over TCP; `perf`), and a page of a sent-from-the-page-cache view mapped that
+/// nothing else touches.
 pub(super) fn zero_runs(d: &[u8]) -> Vec<(usize, usize)> {
     const B: usize = 4096;
     let mut out = Vec::new();
     if d.len() < HOLE_MIN {
+        return out;
+    }
+    let zero = |k: usize| d[k * B..(k + 1) * B].iter().all(|&b| b == 0);
+    if !(0..d.len() / B).step_by(HOLE_MIN / B).any(zero) {
         return out;
     }
     let mut run: Option<usize> = None;
