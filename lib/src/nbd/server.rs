@@ -500,7 +500,8 @@ impl NbdServer {
         let Some(cc) = &self.config.local_congestion else {
             return;
         };
-        let local = peer.is_loopback() || s.local_addr().is_ok_and(|a| a.ip() == peer);
+        let local =
+            peer.to_canonical().is_loopback() || s.local_addr().is_ok_and(|a| a.ip() == peer);
         if !local {
             return;
         }

@@ -1250,7 +1250,7 @@ mod tests {
 
     #[test]
     fn zero_runs_are_found_wherever_they_lie() {
-        // Runs of 15, 16 and 17 blocks (and a block and a half more) at every block offset
+        // Runs of 15, 16 and 17 blocks (and of half a block more) at every block offset
         // of the first 40, in payloads ending on a block or inside one: the probe of one
         // block in 16 finds each run of 16 or more, and tells the rest apart.
         for len in [256 << 10, (256 << 10) + 1000, 200 << 10] {
