@@ -94,7 +94,7 @@ pub(crate) struct ServeArgs {
     max_request: u32,
     /// TCP congestion control for connections from this host (a loopback address or the
     /// server's own), or `system` to keep the system's: BBR's pacing on loopback spaced
-    /// large replies out (1 MiB reads, one connection: 1.45-1.54x the reads a second with
+    /// large replies out (1 MiB reads, one connection: 1.24-1.54x the reads a second with
     /// cubic). Connections from elsewhere keep the system's.
     #[arg(long, default_value = "cubic", value_name = "NAME|system", value_parser = parse_congestion)]
     local_congestion: String,

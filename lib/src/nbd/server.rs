@@ -183,8 +183,8 @@ pub struct ServerConfig {
     /// system's (`net.ipv4.tcp_congestion_control`). A pacing one (BBR) on a loopback path,
     /// where no queue builds, only spaces the server's replies out: 1 MiB reads over TCP on
     /// loopback, a loop device through its page cache, the same binary with `cubic` against
-    /// BBR (the system's), alternated: one connection 1.45-1.54x the reads a second at
-    /// 0.18-0.21 CPU seconds a GiB against 0.28-0.30, four 1.25-1.35x
+    /// BBR (the system's), alternated, two sets of 3 rounds: one connection 1.24-1.54x the
+    /// reads a second at 0.18-0.21 CPU seconds a GiB against 0.24-0.30, four 1.22-1.35x
     /// (docs/nbd-performance.md). Connections from elsewhere keep the system's. A name the
     /// kernel refuses (not in `net.ipv4.tcp_allowed_congestion_control` for an unprivileged
     /// server) changes nothing but speed: warned of once, and not counted in
@@ -1021,16 +1021,30 @@ async fn send_all<W: AsyncWrite + Unpin>(w: &mut W, chunks: &[Bytes]) -> std::io
 /// The kernel's refusal: `ENOENT` for a name it does not have, `EPERM` for one an
 /// unprivileged process may not choose.
 fn set_congestion<S: std::os::fd::AsRawFd>(s: &S, name: &str) -> std::io::Result<()> {
-    // SAFETY: setsockopt reads `name.len()` bytes from the live string and keeps no
-    // pointer; the fd belongs to a socket the caller holds open. Exercised by
-    // `the_congestion_control_asked_for_is_the_sockets` and the server's tests over TCP.
+    set_option(s, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name)
+}
+
+/// Sets socket option `name` at `level` on `s` to the bytes of `value`.
+///
+/// # Errors
+/// The kernel's refusal.
+fn set_option<S: std::os::fd::AsRawFd, T: ?Sized>(
+    s: &S,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> std::io::Result<()> {
+    // SAFETY: setsockopt reads `size_of_val(value)` bytes from `value`, a live reference,
+    // and keeps no pointer; the fd belongs to a socket the caller holds open. Exercised by
+    // `the_congestion_control_asked_for_is_the_sockets` and every test of the server over a
+    // socket (its send buffer, its congestion control).
     let r = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
+            level,
+            name,
+            std::ptr::from_ref(value).cast(),
+            size_of_val(value) as libc::socklen_t,
         )
     };
     if r == 0 {
@@ -1045,18 +1059,7 @@ fn set_congestion<S: std::os::fd::AsRawFd>(s: &S, name: &str) -> std::io::Result
 /// with a wakeup between them). Best effort: a refusal changes nothing but speed.
 fn grow_send_buffer<S: std::os::fd::AsRawFd>(s: &S) {
     let size: libc::c_int = 4 << 20;
-    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int on our stack and
-    // keeps no pointer; the fd belongs to a socket the caller holds open. Exercised by every
-    // Unix-socket test of the server.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&raw const size).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    let _ = set_option(s, libc::SOL_SOCKET, libc::SO_SNDBUF, &size);
 }
 
 /// A connection's plain socket, for what only a socket does: replies sent from the page
