@@ -799,7 +799,7 @@ impl ServerSession {
 
 #[cfg(test)]
 mod tests {
-    use super::replies::zero_runs;
+    use super::replies::{all_zero, zero_runs};
     use super::*;
 
     fn session(tls: TlsPolicy) -> ServerSession {
@@ -1246,6 +1246,22 @@ mod tests {
         }
         out.retain(|(s, e)| e - s >= HOLE_MIN);
         out
+    }
+
+    #[test]
+    fn one_byte_not_zero_anywhere_is_seen() {
+        // Lengths around the 64-byte lines it reads at once, and the tail after them.
+        for len in [0, 1, 63, 64, 65, 127, 128, 200, 4095, 4096, 4097] {
+            let mut d = vec![0u8; len];
+            assert!(all_zero(&d), "{len} zero bytes");
+            for at in 0..len {
+                for b in [1u8, 0x80] {
+                    d[at] = b;
+                    assert!(!all_zero(&d), "{len} bytes, {b:#x} at {at}");
+                }
+                d[at] = 0;
+            }
+        }
     }
 
     #[test]

@@ -456,14 +456,14 @@ pub(super) fn zero_runs(d: &[u8]) -> Vec<(usize, usize)> {
     if d.len() < HOLE_MIN {
         return out;
     }
-    let zero = |k: usize| d[k * B..(k + 1) * B].iter().all(|&b| b == 0);
+    let zero = |k: usize| all_zero(&d[k * B..(k + 1) * B]);
     if !(0..d.len() / B).step_by(HOLE_MIN / B).any(zero) {
         return out;
     }
     let mut run: Option<usize> = None;
     let mut i = 0;
     while i + B <= d.len() {
-        let zero = d[i..i + B].iter().all(|&b| b == 0);
+        let zero = all_zero(&d[i..i + B]);
         match (zero, run) {
             (true, None) => run = Some(i),
             (false, Some(s)) => {
@@ -477,14 +477,21 @@ pub(super) fn zero_runs(d: &[u8]) -> Vec<(usize, usize)> {
         i += B;
     }
     if let Some(s) = run {
-        let e = if d[i..].iter().all(|&b| b == 0) {
-            d.len()
-        } else {
-            i
-        };
+        let e = if all_zero(&d[i..]) { d.len() } else { i };
         if e - s >= HOLE_MIN {
             out.push((s, e));
         }
     }
     out
+}
+
+/// Whether `d` is all zero bytes, told 64 bytes at a time: the OR of a fixed 64 is one
+/// vector operation or two, where a byte-by-byte `all` (it may stop at any byte) is not
+/// vectorised: 2.4 GB/s against 100 GB/s on a hot 4 KiB block here, and a 1 MiB read of
+/// zeroes had `serve` spend 54% of its time in [`zero_runs`] (`perf`, a striped volume
+/// whose first 64 MiB a component were zeroed, 1 MiB reads over a Unix socket).
+pub(super) fn all_zero(d: &[u8]) -> bool {
+    let mut lines = d.chunks_exact(64);
+    lines.all(|l| l.iter().fold(0, |acc, &b| acc | b) == 0)
+        && lines.remainder().iter().all(|&b| b == 0)
 }
