@@ -22,19 +22,20 @@ static POOL: parking_lot::Mutex<Vec<Pipe>> = parking_lot::Mutex::new(Vec::new())
 /// Where [`Piped::into_bytes`] starts its buffer: a page, as `O_DIRECT` asks.
 const ALIGN: usize = 4096;
 
-/// One pipe, both ends non-blocking, and what it holds at most.
+/// One pipe, both ends non-blocking, and what it holds at most. Also the NBD server's, to
+/// send a striped volume's views of the page cache in one `splice`.
 #[derive(Debug)]
-struct Pipe {
-    read: OwnedFd,
-    write: OwnedFd,
-    capacity: usize,
+pub(crate) struct Pipe {
+    pub(crate) read: OwnedFd,
+    pub(crate) write: OwnedFd,
+    pub(crate) capacity: usize,
 }
 
 impl Pipe {
     /// A pipe that holds at least `room` bytes (twice that where the kernel allows: a
     /// socket's bytes take a slot of the pipe per piece of memory they are in, and the
     /// pieces are not always whole pages), from the pool if one there is large enough.
-    fn with_room(room: usize) -> Option<Self> {
+    pub(crate) fn with_room(room: usize) -> Option<Self> {
         {
             let mut pool = POOL.lock();
             if let Some(i) = pool.iter().position(|p| p.capacity >= room) {
@@ -70,7 +71,7 @@ impl Pipe {
     }
 
     /// Back to the pool (only an empty pipe comes here).
-    fn give_back(self) {
+    pub(crate) fn give_back(self) {
         let mut pool = POOL.lock();
         if pool.len() < POOL_MAX {
             pool.push(self);
@@ -79,12 +80,14 @@ impl Pipe {
 }
 
 /// Bytes moved between two descriptors by `splice(2)`, at most `len`; `off_out` is the
-/// file offset to write at (`None`: the descriptor's own position, a pipe's).
-fn splice(
+/// file offset to write at (`None`: the descriptor's own position, a pipe's); `more`:
+/// `SPLICE_F_MORE` (more bytes follow, as `MSG_MORE` to a socket).
+pub(crate) fn splice(
     from: BorrowedFd<'_>,
     to: BorrowedFd<'_>,
     len: usize,
     off_out: Option<u64>,
+    more: bool,
 ) -> io::Result<usize> {
     let mut off = match off_out {
         Some(o) => Some(
@@ -105,7 +108,9 @@ fn splice(
             to.as_raw_fd(),
             off_ptr,
             len,
-            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+            libc::SPLICE_F_MOVE
+                | libc::SPLICE_F_NONBLOCK
+                | if more { libc::SPLICE_F_MORE } else { 0 },
         )
     };
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
@@ -236,7 +241,7 @@ impl Piped {
             if let Some(p) = &self.pipe {
                 let room = p.capacity - self.in_pipe;
                 if room > 0 {
-                    match splice(from, p.write.as_fd(), max.min(room), None) {
+                    match splice(from, p.write.as_fd(), max.min(room), None, false) {
                         Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                         Ok(n) => {
                             self.in_pipe += n;
@@ -350,7 +355,7 @@ impl Piped {
         let mut at = offset + self.head.len() as u64;
         if let Some(p) = &self.pipe {
             while self.in_pipe > 0 {
-                match splice(p.read.as_fd(), file.as_fd(), self.in_pipe, Some(at)) {
+                match splice(p.read.as_fd(), file.as_fd(), self.in_pipe, Some(at), false) {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                     Ok(n) => {
                         self.in_pipe -= n;
