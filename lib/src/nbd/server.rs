@@ -237,7 +237,7 @@ pub struct ServerCounters {
     /// [`ServerConfig::max_connections`]).
     pub evicted: AtomicU64,
     /// Bytes of read replies handed to a Unix socket as the page cache's own pages
-    /// (`sendfile`) instead of copied into the socket.
+    /// (through a pipe, or `sendfile`) instead of copied into the socket.
     pub bytes_sent_from_cache: AtomicU64,
     /// Bytes of write payloads taken off the socket into a pipe (`splice`), for the device
     /// to write from it: never copied into the server's memory (over TCP, to a file or
@@ -477,7 +477,7 @@ impl NbdServer {
                         tracing::info!(target: "tagstripe::nbd", peer = %peer, "connection");
                         let _ = s.set_nodelay(true);
                         me.congestion_for_local(&s, peer.ip());
-                        // No `sendfile` over TCP: see `sendfile.rs`; payloads into pipes:
+                        // No replies from the page cache over TCP: see `sendfile.rs`; payloads into pipes:
                         // see `splice.rs`.
                         let raw = Raw {
                             send: None,
@@ -524,7 +524,7 @@ impl NbdServer {
 
     /// Accepts connections on a Unix socket until the listener fails (clients reach it as
     /// `nbd+unix:///NAME?socket=PATH`). Large reads of cached data go to the socket as the
-    /// page cache's own pages (`sendfile`), not copied.
+    /// page cache's own pages (through a pipe, or `sendfile`), not copied.
     ///
     /// # Errors
     /// The listener's error.
@@ -748,7 +748,7 @@ impl NbdServer {
     /// Runs session `s` over `stream` until the connection is over (`None`), or until the
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
     /// TLS handshake. Through `raw` (the plain socket under `stream`), replies with payloads
-    /// from the page cache go out with `sendfile` and large write payloads come in with
+    /// from the page cache go out as its pages (a pipe, `sendfile`) and large write payloads come in with
     /// `splice`, where it has them.
     async fn drive<S>(
         &self,
