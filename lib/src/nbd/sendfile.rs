@@ -530,6 +530,9 @@ mod tests {
         let plan = sender.plan(&chunks).unwrap();
         let send = async {
             let r = sender.send(&chunks, plan).await;
+            // The view went through a pipe, which found the file's end (`EFAULT`), and was
+            // not refused.
+            assert!(!sender.pipe_refused.load(Relaxed));
             drop(sender);
             drop(a);
             r
