@@ -23,7 +23,7 @@ static POOL: parking_lot::Mutex<Vec<Pipe>> = parking_lot::Mutex::new(Vec::new())
 const ALIGN: usize = 4096;
 
 /// One pipe, both ends non-blocking, and what it holds at most. Also the NBD server's, to
-/// send a striped volume's views of the page cache in one `splice`.
+/// send views of the page cache to a socket (`vmsplice` in, one `splice` out).
 #[derive(Debug)]
 pub(crate) struct Pipe {
     pub(crate) read: OwnedFd,
@@ -34,11 +34,19 @@ pub(crate) struct Pipe {
 impl Pipe {
     /// A pipe that holds at least `room` bytes (twice that where the kernel allows: a
     /// socket's bytes take a slot of the pipe per piece of memory they are in, and the
-    /// pieces are not always whole pages), from the pool if one there is large enough.
+    /// pieces are not always whole pages), from the pool if one there is large enough and
+    /// not over four times as large (the smallest such: a payload of a few KiB does not
+    /// hold a pipe of megabytes, and one that is to spill past its pipe does).
     pub(crate) fn with_room(room: usize) -> Option<Self> {
         {
             let mut pool = POOL.lock();
-            if let Some(i) = pool.iter().position(|p| p.capacity >= room) {
+            let fits = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.capacity >= room && p.capacity / 4 <= room)
+                .min_by_key(|(_, p)| p.capacity)
+                .map(|(i, _)| i);
+            if let Some(i) = fits {
                 return Some(pool.swap_remove(i));
             }
         }

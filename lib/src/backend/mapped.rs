@@ -45,8 +45,7 @@ static LIVE: parking_lot::RwLock<Vec<(usize, usize, Weak<Mapped>)>> =
 /// The file and offset of `bytes` if they are a view of a live mapping (as
 /// [`BlockDevice::read_to_send`](crate::BlockDevice::read_to_send) hands out): a socket can
 /// then be given the file's pages themselves (`sendfile`, or the view's pages through a
-/// pipe) instead of a copy of them. The
-/// mapping returned keeps its file open.
+/// pipe) instead of a copy of them. The mapping returned keeps its file open.
 #[cfg(feature = "nbd")]
 pub(crate) fn file_range(bytes: &[u8]) -> Option<(Arc<Mapped>, u64)> {
     let (p, len) = (bytes.as_ptr() as usize, bytes.len());

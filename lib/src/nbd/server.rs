@@ -477,8 +477,8 @@ impl NbdServer {
                         tracing::info!(target: "tagstripe::nbd", peer = %peer, "connection");
                         let _ = s.set_nodelay(true);
                         me.congestion_for_local(&s, peer.ip());
-                        // No replies from the page cache over TCP: see `sendfile.rs`; payloads into pipes:
-                        // see `splice.rs`.
+                        // No replies from the page cache over TCP: see `sendfile.rs`;
+                        // payloads into pipes: see `splice.rs`.
                         let raw = Raw {
                             send: None,
                             receive: Receiver::new(s.as_fd()),
@@ -748,8 +748,8 @@ impl NbdServer {
     /// Runs session `s` over `stream` until the connection is over (`None`), or until the
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
     /// TLS handshake. Through `raw` (the plain socket under `stream`), replies with payloads
-    /// from the page cache go out as its pages (a pipe, `sendfile`) and large write payloads come in with
-    /// `splice`, where it has them.
+    /// from the page cache go out as its pages (a pipe, `sendfile`) and large write payloads
+    /// come in with `splice`, where it has them.
     async fn drive<S>(
         &self,
         s: &mut ServerSession,
