@@ -312,7 +312,7 @@ impl Piped {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         let from_head = n.min(self.head.len());
-        dst.push_memory(&self.head.split_to(from_head));
+        dst.push_memory(self.head.split_to(from_head));
         let mut left = n - from_head;
         if left > 0 && self.in_pipe > 0 {
             let p = self.pipe.as_ref().map(|p| p.read.as_fd());
@@ -328,24 +328,28 @@ impl Piped {
             }
         }
         if left > 0 {
-            dst.push_memory(&self.tail.split_to(left));
+            dst.push_memory(self.tail.split_to(left).freeze());
         }
         Ok(())
     }
 
     /// Appends bytes in memory: to the head while nothing is in the pipe or after it,
-    /// else after the pipe's bytes.
-    fn push_memory(&mut self, bytes: &[u8]) {
+    /// else after the pipe's bytes. Into an empty payload they go as they are (the same
+    /// buffer, not a copy: a striped volume's first piece often starts with the bytes that
+    /// came with the header).
+    fn push_memory(&mut self, bytes: Bytes) {
         if bytes.is_empty() {
             return;
         }
-        if self.in_pipe == 0 && self.tail.is_empty() {
+        if self.is_empty() {
+            self.head = bytes;
+        } else if self.in_pipe == 0 && self.tail.is_empty() {
             let mut head = BytesMut::with_capacity(self.head.len() + bytes.len());
             head.extend_from_slice(&self.head);
-            head.extend_from_slice(bytes);
+            head.extend_from_slice(&bytes);
             self.head = head.freeze();
         } else {
-            self.tail.extend_from_slice(bytes);
+            self.tail.extend_from_slice(&bytes);
         }
     }
 
@@ -545,8 +549,6 @@ pub(crate) mod tests {
         assert!(back == body);
     }
 
-    /// A file that does not take `splice` (opened for appending: `EINVAL`) gets the pipe's
-    /// bytes read out and written: nothing lost.
     #[test]
     fn a_payload_cut_into_pieces_keeps_every_byte_in_order() {
         let (mut a, b) = UnixStream::pair().unwrap();
@@ -594,6 +596,39 @@ pub(crate) mod tests {
         assert_eq!((q.len(), r.len()), (10, 0));
     }
 
+    /// Bytes in memory moved into an empty payload go as they are: the same buffer, not a
+    /// copy (a striped volume's first pieces of a write are often the bytes that came with
+    /// its header). Into a payload that holds bytes they are appended, in order.
+    #[test]
+    fn memory_moved_into_an_empty_payload_is_the_same_buffer() {
+        let whole = Bytes::from(pattern(64 << 10, 6));
+        let mut p = Piped::new(whole.clone(), 0);
+        let (mut a, mut b) = (Piped::new(Bytes::new(), 0), Piped::new(Bytes::new(), 0));
+        p.move_front_to(&mut a, 16 << 10).unwrap();
+        p.move_front_to(&mut b, 16 << 10).unwrap();
+        assert_eq!(a.head.as_ptr(), whole.as_ptr());
+        assert_eq!(b.head.as_ptr(), whole[16 << 10..].as_ptr());
+        p.move_front_to(&mut a, 1000).unwrap();
+        assert_eq!(p.len(), (32 << 10) - 1000);
+        let mut want = whole[..16 << 10].to_vec();
+        want.extend_from_slice(&whole[32 << 10..(32 << 10) + 1000]);
+        assert!(a.into_bytes().unwrap() == want);
+        assert!(b.into_bytes().unwrap() == whole[16 << 10..32 << 10]);
+        // The bytes that came into memory after a pipe (its tail) go the same way.
+        let (mut c, d) = UnixStream::pair().unwrap();
+        d.set_nonblocking(true).unwrap();
+        c.write_all(&whole).unwrap();
+        let mut q = Piped::new(Bytes::new(), 0);
+        fill(&mut q, &d, whole.len());
+        let at = q.tail.as_ptr();
+        let mut e = Piped::new(Bytes::new(), 0);
+        q.move_front_to(&mut e, 4096).unwrap();
+        assert_eq!(e.head.as_ptr(), at);
+        assert!(e.into_bytes().unwrap() == whole[..4096]);
+    }
+
+    /// A file that does not take `splice` (opened for appending: `EINVAL`) gets the pipe's
+    /// bytes read out and written: nothing lost.
     #[test]
     fn a_file_that_refuses_splice_gets_the_bytes_written() {
         let (mut a, b) = UnixStream::pair().unwrap();
