@@ -906,18 +906,36 @@ impl Volume {
         self.striped.components()
     }
 
-    async fn timed<T>(
-        &self,
+    /// A request's statistics, begun as it is made; [`Timing::end`] counts its result.
+    /// (Not a wrapper that takes the request's future: a future passed by value into an
+    /// `async fn` is copied whole into its state and again into its await, a striped
+    /// write's 3 KiB twice a request.)
+    fn timing(&self) -> Timing<'_> {
+        Timing {
+            counted: self.stats.begin(),
+            // tokio's clock, as the queues use: the two agree (also under a paused clock).
+            t: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// One request of a [`Volume`] being timed (see `Volume::timing`).
+struct Timing<'a> {
+    counted: crate::stats::InFlight<'a>,
+    t: tokio::time::Instant,
+}
+
+impl Timing<'_> {
+    /// Counts the request's result `r` (of `bytes` bytes, `op` in `class`) and returns it.
+    fn end<T>(
+        self,
         op: OpKind,
         class: tagstripe_scheduler::IoClass,
         bytes: u64,
-        f: impl Future<Output = Result<T>>,
+        r: Result<T>,
     ) -> Result<T> {
-        let counted = self.stats.begin();
-        // tokio's clock, as the queues use: the two agree (also under a paused clock).
-        let t = tokio::time::Instant::now();
-        let r = f.await;
-        counted.end(op, class, bytes, t.elapsed(), r.is_ok());
+        self.counted
+            .end(op, class, bytes, self.t.elapsed(), r.is_ok());
         r
     }
 }
@@ -929,26 +947,18 @@ impl BlockDevice for Volume {
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         let bytes = sectors.saturating_mul(512);
-        self.timed(
-            OpKind::Read,
-            opts.class,
-            bytes,
-            self.striped.read(start, sectors, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.read(start, sectors, opts).await;
+        t.end(OpKind::Read, opts.class, bytes, r)
     }
 
     /// As [`read`](BlockDevice::read); a read of one piece is its component's
     /// `read_to_send`.
     async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         let bytes = sectors.saturating_mul(512);
-        self.timed(
-            OpKind::Read,
-            opts.class,
-            bytes,
-            self.striped.read_to_send(start, sectors, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.read_to_send(start, sectors, opts).await;
+        t.end(OpKind::Read, opts.class, bytes, r)
     }
 
     /// As [`read`](BlockDevice::read), each interleave unit as its component gives it.
@@ -959,24 +969,16 @@ impl BlockDevice for Volume {
         opts: IoOpts,
     ) -> Result<Vec<Bytes>> {
         let bytes = sectors.saturating_mul(512);
-        self.timed(
-            OpKind::Read,
-            opts.class,
-            bytes,
-            self.striped.read_parts_to_send(start, sectors, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.read_parts_to_send(start, sectors, opts).await;
+        t.end(OpKind::Read, opts.class, bytes, r)
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let bytes = buf.len() as u64;
-        self.timed(
-            OpKind::Read,
-            opts.class,
-            bytes,
-            self.striped.read_into(start, buf, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.read_into(start, buf, opts).await;
+        t.end(OpKind::Read, opts.class, bytes, r)
     }
 
     async fn read_vectored_into(
@@ -986,35 +988,23 @@ impl BlockDevice for Volume {
         opts: IoOpts,
     ) -> Result<()> {
         let bytes = bufs.iter().map(|b| b.len() as u64).sum();
-        self.timed(
-            OpKind::Read,
-            opts.class,
-            bytes,
-            self.striped.read_vectored_into(start, bufs, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.read_vectored_into(start, bufs, opts).await;
+        t.end(OpKind::Read, opts.class, bytes, r)
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
-        self.timed(
-            OpKind::Write,
-            opts.class,
-            bytes,
-            self.striped.write(start, data, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.write(start, data, opts).await;
+        t.end(OpKind::Write, opts.class, bytes, r)
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let bytes = parts.iter().map(|p| p.len() as u64).sum();
-        self.timed(
-            OpKind::Write,
-            opts.class,
-            bytes,
-            self.striped.write_vectored(start, parts, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.write_vectored(start, parts, opts).await;
+        t.end(OpKind::Write, opts.class, bytes, r)
     }
 
     /// Where its striped layer does: every component writes from pipes, and no mirror.
@@ -1024,18 +1014,15 @@ impl BlockDevice for Volume {
 
     async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
-        self.timed(
-            OpKind::Write,
-            opts.class,
-            bytes,
-            self.striped.write_piped(start, data, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.write_piped(start, data, opts).await;
+        t.end(OpKind::Write, opts.class, bytes, r)
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
-        self.timed(OpKind::Flush, opts.class, 0, self.striped.flush(opts))
-            .await
+        let t = self.timing();
+        let r = self.striped.flush(opts).await;
+        t.end(OpKind::Flush, opts.class, 0, r)
     }
 
     async fn write_zeroes(
@@ -1045,23 +1032,15 @@ impl BlockDevice for Volume {
         z: crate::Zeroes,
         opts: IoOpts,
     ) -> Result<()> {
-        self.timed(
-            OpKind::Write,
-            opts.class,
-            0,
-            self.striped.write_zeroes(start, sectors, z, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.write_zeroes(start, sectors, z, opts).await;
+        t.end(OpKind::Write, opts.class, 0, r)
     }
 
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
-        self.timed(
-            OpKind::Discard,
-            opts.class,
-            0,
-            self.striped.discard(start, sectors, opts),
-        )
-        .await
+        let t = self.timing();
+        let r = self.striped.discard(start, sectors, opts).await;
+        t.end(OpKind::Discard, opts.class, 0, r)
     }
 
     async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<crate::Extent>> {

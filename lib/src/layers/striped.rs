@@ -374,13 +374,9 @@ impl Striped {
         if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
             // One piece (the common small write): straight to its component (or its mirror
             // sides), nothing gathered.
-            let _intent = self.intent(std::slice::from_ref(&p)).await?;
             let parts = &parts;
-            return self
-                .on_sides(&p, move |c| {
-                    self.components[c].write_vectored(p.cblk, parts.clone(), opts)
-                })
-                .await;
+            let to = move |c: usize| self.components[c].write_vectored(p.cblk, parts.clone(), opts);
+            return self.write_piece(&p, to).await;
         }
         let pieces: Vec<Piece> = merged.collect();
         let _intent = self.intent(&pieces).await?;
@@ -405,6 +401,16 @@ impl Striped {
             });
         crate::device::all(writes).await?;
         Ok(())
+    }
+
+    /// A write that is one piece: its intent recorded (a mirror's), then `to` each side.
+    async fn write_piece<F, Fut>(&self, p: &Piece, to: F) -> Result<()>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        let _intent = self.intent(std::slice::from_ref(p)).await?;
+        self.on_sides(p, to).await
     }
 
     /// A piped payload cut into its components' runs (see
@@ -728,6 +734,13 @@ impl BlockDevice for Striped {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
+        let mut merged = self.geometry.map(start, sectors)?.merged();
+        if let Some(p) = merged.next().filter(|p| p.count == sectors) {
+            // One piece (the common small write): its buffer as it is, no list of parts.
+            let data = &data;
+            let to = move |c: usize| self.components[c].write(p.cblk, data.clone(), opts);
+            return self.write_piece(&p, to).await;
+        }
         self.write_parts(start, sectors, vec![data], opts).await
     }
 
