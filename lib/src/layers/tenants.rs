@@ -718,6 +718,27 @@ struct Slot<'a, D: BlockDevice + 'static> {
 }
 
 impl<D: BlockDevice + 'static> Slot<'_, D> {
+    /// Counts a request's result `r` (`op`, `bytes` of it in `class`, submitted at `t0`)
+    /// in its tenant's stats as the slot is freed, and returns it.
+    fn end<T>(
+        self,
+        op: OpKind,
+        class: IoClass,
+        bytes: u64,
+        t0: Instant,
+        r: Result<T>,
+    ) -> Result<T> {
+        let ok = r.is_ok();
+        self.finish(Ended {
+            op,
+            class,
+            bytes,
+            ok,
+            t0,
+        });
+        r
+    }
+
     /// The request is done: the slot freed and how it went counted.
     fn finish(mut self, ended: Ended) {
         self.live = false;
@@ -819,25 +840,13 @@ impl<D: BlockDevice + 'static> Tenant<D> {
         Ok(slot(admitted.past, None))
     }
 
-    /// Runs `io` as one of this tenant's requests, counted in its stats.
-    async fn run<T>(
-        &self,
-        op: OpKind,
-        bytes: u64,
-        opts: IoOpts,
-        io: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
+    /// Admits one of this tenant's requests (`bytes` of it, in `class`): its slot, and when
+    /// it was submitted. The caller then awaits the request in place and ends it with
+    /// [`Slot::end`] (no wrapper that takes the request's future: a future passed by value
+    /// into an `async fn` is copied whole into its state and again into its await).
+    async fn enter(&self, bytes: u64, class: IoClass) -> Result<(Slot<'_, D>, Instant)> {
         let t0 = Instant::now();
-        let slot = self.admit(bytes, opts.class, t0).await?;
-        let r = io.await;
-        slot.finish(Ended {
-            op,
-            class: opts.class,
-            bytes,
-            ok: r.is_ok(),
-            t0,
-        });
-        r
+        Ok((self.admit(bytes, class, t0).await?, t0))
     }
 }
 
@@ -847,34 +856,31 @@ impl<D: BlockDevice + 'static> BlockDevice for Tenant<D> {
     }
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.run(OpKind::Read, sectors * 512, opts, async {
-            self.shared.dev.read(start, sectors, opts).await
-        })
-        .await
+        let bytes = sectors * 512;
+        let (slot, t0) = self.enter(bytes, opts.class).await?;
+        let r = self.shared.dev.read(start, sectors, opts).await;
+        slot.end(OpKind::Read, opts.class, bytes, t0, r)
     }
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let bytes = buf.len() as u64;
-        self.run(OpKind::Read, bytes, opts, async {
-            self.shared.dev.read_into(start, buf, opts).await
-        })
-        .await
+        let (slot, t0) = self.enter(bytes, opts.class).await?;
+        let r = self.shared.dev.read_into(start, buf, opts).await;
+        slot.end(OpKind::Read, opts.class, bytes, t0, r)
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
-        self.run(OpKind::Write, bytes, opts, async {
-            self.shared.dev.write(start, data, opts).await
-        })
-        .await
+        let (slot, t0) = self.enter(bytes, opts.class).await?;
+        let r = self.shared.dev.write(start, data, opts).await;
+        slot.end(OpKind::Write, opts.class, bytes, t0, r)
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let bytes = parts.iter().map(|p| p.len() as u64).sum();
-        self.run(OpKind::Write, bytes, opts, async {
-            self.shared.dev.write_vectored(start, parts, opts).await
-        })
-        .await
+        let (slot, t0) = self.enter(bytes, opts.class).await?;
+        let r = self.shared.dev.write_vectored(start, parts, opts).await;
+        slot.end(OpKind::Write, opts.class, bytes, t0, r)
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
@@ -882,17 +888,15 @@ impl<D: BlockDevice + 'static> BlockDevice for Tenant<D> {
     }
 
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
-        self.run(OpKind::Discard, 0, opts, async {
-            self.shared.dev.discard(start, sectors, opts).await
-        })
-        .await
+        let (slot, t0) = self.enter(0, opts.class).await?;
+        let r = self.shared.dev.discard(start, sectors, opts).await;
+        slot.end(OpKind::Discard, opts.class, 0, t0, r)
     }
 
     async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
-        self.run(OpKind::Write, 0, opts, async {
-            self.shared.dev.write_zeroes(start, sectors, z, opts).await
-        })
-        .await
+        let (slot, t0) = self.enter(0, opts.class).await?;
+        let r = self.shared.dev.write_zeroes(start, sectors, z, opts).await;
+        slot.end(OpKind::Write, opts.class, 0, t0, r)
     }
 
     async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
