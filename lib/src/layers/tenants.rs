@@ -856,7 +856,7 @@ impl<D: BlockDevice + 'static> BlockDevice for Tenant<D> {
     }
 
     async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        let bytes = sectors * 512;
+        let bytes = sectors.saturating_mul(512);
         let (slot, t0) = self.enter(bytes, opts.class).await?;
         let r = self.shared.dev.read(start, sectors, opts).await;
         slot.end(OpKind::Read, opts.class, bytes, t0, r)
