@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use parking_lot::Mutex;
 use tagstripe_quirks::{Limits, StripeShape};
 use tagstripe_striping::superblock::Side;
-use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
+use tagstripe_striping::{Geometry, Merged, MirrorReads, Piece, Pieces, ReadBalancer};
 
 use super::Component;
 use crate::{BlockDevice, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
@@ -361,23 +361,16 @@ impl Striped {
         Ok(self.geometry.map(start, sectors)?.merged().collect())
     }
 
-    /// A write of `parts` (checked: `sectors` long) at volume sector `start`: the pieces that
-    /// lie back to back on one component go to it as one gathered command.
+    /// A write of `parts` at volume sector `start` whose range maps to `merged` (more than
+    /// one piece): the pieces that lie back to back on one component go to it as one
+    /// gathered command.
     async fn write_parts(
         &self,
         start: u64,
-        sectors: u64,
+        merged: Merged<Pieces<'_>>,
         parts: Vec<Bytes>,
         opts: IoOpts,
     ) -> Result<()> {
-        let merged = self.geometry.map(start, sectors)?.merged();
-        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
-            // One piece (the common small write): straight to its component (or its mirror
-            // sides), nothing gathered.
-            let parts = &parts;
-            let to = move |c: usize| self.components[c].write_vectored(p.cblk, parts.clone(), opts);
-            return self.write_piece(&p, to).await;
-        }
         let pieces: Vec<Piece> = merged.collect();
         let _intent = self.intent(&pieces).await?;
         let (parts, all_pieces) = (&parts, &pieces);
@@ -734,19 +727,26 @@ impl BlockDevice for Striped {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let mut merged = self.geometry.map(start, sectors)?.merged();
-        if let Some(p) = merged.next().filter(|p| p.count == sectors) {
+        let merged = self.geometry.map(start, sectors)?.merged();
+        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
             // One piece (the common small write): its buffer as it is, no list of parts.
             let data = &data;
             let to = move |c: usize| self.components[c].write(p.cblk, data.clone(), opts);
             return self.write_piece(&p, to).await;
         }
-        self.write_parts(start, sectors, vec![data], opts).await
+        self.write_parts(start, merged, vec![data], opts).await
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        self.write_parts(start, sectors, parts, opts).await
+        let merged = self.geometry.map(start, sectors)?.merged();
+        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
+            // One piece: straight to its component (or its mirror sides), nothing gathered.
+            let parts = &parts;
+            let to = move |c: usize| self.components[c].write_vectored(p.cblk, parts.clone(), opts);
+            return self.write_piece(&p, to).await;
+        }
+        self.write_parts(start, merged, parts, opts).await
     }
 
     /// Where every component does, on a volume without a mirror (a pipe's bytes cannot
