@@ -742,8 +742,15 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        self.dev.info().check_write(start, data.len())?;
-        self.write_parts(start, vec![data], opts).await
+        let sectors = self.dev.info().check_write(start, data.len())?;
+        if self.pieces(OpKind::Write, opts, sectors).is_some() {
+            return self.write_parts(start, vec![data], opts).await;
+        }
+        // Whole: one buffer as one (no list of one made for it, nor cloned per attempt).
+        self.run(OpKind::Write, sectors * 512, opts, |k| {
+            self.dev.write(start, data.clone(), with_kind(opts, k))
+        })
+        .await
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {

@@ -68,7 +68,7 @@ impl<D: BlockDevice> Split<D> {
         &self,
         start: u64,
         sectors: u64,
-        parts: Vec<Bytes>,
+        parts: Parts,
         opts: IoOpts,
     ) -> Result<()> {
         let pieces = self.splitter.split(Op::Write, start, sectors)?;
@@ -77,10 +77,14 @@ impl<D: BlockDevice> Split<D> {
         let durable = opts.fua || self.force_fua;
         let fua = durable && self.info.caps.fua;
         if pieces.clone().next().is_some_and(|p| p.sectors == sectors) {
-            // Not split (the common small write): the parts go down as they are.
-            self.dev.write_vectored(start, parts, opts.fua(fua)).await?;
+            // Not split (the common small write): the data goes down as it is, one buffer
+            // as one (no list of one made for it).
+            match parts {
+                Parts::One(data) => self.dev.write(start, data, opts.fua(fua)).await?,
+                Parts::Many(parts) => self.dev.write_vectored(start, parts, opts.fua(fua)).await?,
+            }
         } else {
-            self.write_pieces(start, pieces, &parts, opts.fua(fua))
+            self.write_pieces(start, pieces, parts.as_slice(), opts.fua(fua))
                 .await?;
         }
         if durable && !fua {
@@ -104,6 +108,22 @@ impl<D: BlockDevice> Split<D> {
         });
         crate::device::all(writes).await?;
         Ok(())
+    }
+}
+
+/// A write's data as it came: one buffer ([`BlockDevice::write`]) or a list of parts
+/// ([`BlockDevice::write_vectored`]).
+enum Parts {
+    One(Bytes),
+    Many(Vec<Bytes>),
+}
+
+impl Parts {
+    fn as_slice(&self) -> &[Bytes] {
+        match self {
+            Parts::One(b) => std::slice::from_ref(b),
+            Parts::Many(v) => v,
+        }
     }
 }
 
@@ -182,12 +202,14 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        self.write_parts(start, sectors, vec![data], opts).await
+        self.write_parts(start, sectors, Parts::One(data), opts)
+            .await
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        self.write_parts(start, sectors, parts, opts).await
+        self.write_parts(start, sectors, Parts::Many(parts), opts)
+            .await
     }
 
     /// As the device does (see [`write_piped`](Self::write_piped)).
