@@ -16,10 +16,18 @@
 #   stripe-direct  the same with O_DIRECT (`serve --direct` for both).
 #           These rows print the volume, the one device and nbdkit's or qemu-nbd's figure
 #           on the one device (for scale), and the ratio volume / one device.
-# The loop device's page cache is read through before its rows (a server of cached data),
-# with the device held open from then until the row's servers stop: Linux drops a block
-# device's page cache when its last opener closes it, so a read-through by `dd` alone left
-# the cache empty and the first server of each row read from the disk.
+# The loop device's page cache is filled before its rows (a server of cached data), with the
+# device held open from then until the row's servers stop: Linux drops a block device's page
+# cache when its last opener closes it, so a fill by `dd` alone left the cache empty and the
+# first server of each row read from the disk. It is filled by writing the device's own bytes
+# back in 4 KiB writes (then `sync`), not by reading it through: a read-through's readahead
+# (the loop device's is 2.5 MiB) caches it in folios of up to 2 MiB, and each 4 KiB write
+# into one walks all 512 of its buffer heads (`__block_write_begin_int`, 29% of the machine's
+# time under nbdkit): 4 KiB random writes then ran at 31-56 k/s for either server, moving
+# 0.6-1.4x between them from run to run, and at 98-167 k/s in 4 KiB folios. Cached folios
+# keep their size until evicted, so the row's later writes leave the cache as it was filled.
+# Every run also starts with nothing dirty (`sync` first, not timed): what one server wrote
+# is not written back under the next one's run.
 # Transports ($TRANSPORTS, default "unix tcp"): a Unix socket, TCP on loopback.
 # Jobs ($JOBS, default "1 4"): fio jobs, each its own connection.
 # Workloads ($WORKLOADS): 4k-randread, 4k-randwrite (QD32), 64k-randrw (50/50, QD16),
@@ -59,6 +67,18 @@ dir=$(mktemp -d /dev/shm/tagstripe-nbd.XXXXXX)
 servers=() loopdev="" backing="" held=()
 # Keeps block device $1 open (its page cache with it) until the servers stop.
 hold() { local fd; exec {fd}<"$1"; held+=("$fd"); }
+# Holds loop device $1 and fills its page cache in 4 KiB folios: what was cached is dropped
+# (`blockdev --flushbufs`: written back, then invalidated), then the backing file $2's bytes
+# (the device's own) are written back into the device 4 KiB at a time and written back. (So
+# each device has written back before its rows too: the kernel gives a block device that has
+# not a small share of the dirty-page limit, and random writes to fresh stripes were
+# throttled, 0.38x of the one device, twice.)
+fill() { # device backing
+  hold "$1"
+  blockdev --flushbufs "$1"
+  dd if="$2" of="$1" ibs=1M obs=4k iflag=direct status=none
+  sync
+}
 stop_servers() {
   for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${servers[@]}"; do
@@ -113,8 +133,7 @@ start() { # kind transport
   case $kind in
     shm) path=$img ;;
     loop) path=$loopdev
-      hold "$loopdev"
-      dd if="$loopdev" of=/dev/null bs=1M status=none ;;
+      fill "$loopdev" "$backing" ;;
     direct) path=$loopdev; direct_ts=(--direct); kit_cache=(cache=none)
       qemu_cache=(--cache=none --aio=io_uring) ;;
   esac
@@ -162,17 +181,10 @@ start_stripe() { # kind transport
   if [[ $kind == stripe-direct ]]; then
     direct_ts=(--direct)
   else
-    # Written to once first too: the kernel gives a block device that has not yet written
-    # back a small share of the dirty-page limit (it grows with the device's writeback), so
-    # the first random writes to the fresh stripes were throttled (0.38x, twice), not the
-    # one device's, written by the loop rows before.
-    for d in "$loopdev" "${stripes[@]}"; do
-      hold "$d"
-      dd if=/dev/zero of="$d" bs=1M count=64 status=none
-    done
-    sync
-    dd if="$loopdev" of=/dev/null bs=1M status=none
-    for d in "${stripes[@]}"; do dd if="$d" of=/dev/null bs=1M status=none; done
+    # Each filled as the loop rows' device is (above), the stripes and the one device alike.
+    fill "$loopdev" "$backing"
+    local i
+    for i in "${!stripes[@]}"; do fill "${stripes[$i]}" "${stripe_backing[$i]}"; done
   fi
   if [[ $tr == unix ]]; then
     a="unix:$dir/ts.sock" b="unix:$dir/ts1.sock"
@@ -230,6 +242,7 @@ print(round(j["read"]["iops"]+j["write"]["iops"]), (j["read"]["io_bytes"]+j["wri
 measured() { # pid uri rw bs depth jobs
   local pid=$1 before after out
   shift
+  sync
   before=$(cpu "$pid")
   out=$(fio_run "$@")
   after=$(cpu "$pid")
