@@ -23,7 +23,7 @@
 # back in 4 KiB writes (then `sync`), not by reading it through: a read-through's readahead
 # (the loop device's is 2.5 MiB) caches it in folios of up to 2 MiB, and each 4 KiB write
 # into one walks all 512 of its buffer heads (`__block_write_begin_int`, 29% of the machine's
-# time under nbdkit): 4 KiB random writes then ran at 31-56 k/s for either server, moving
+# time under nbdkit): 4 KiB random writes then ran at 31-57 k/s for either server, moving
 # 0.6-1.4x between them from run to run, and at 98-167 k/s in 4 KiB folios. Cached folios
 # keep their size until evicted, so the row's later writes leave the cache as it was filled.
 # Every run also starts with nothing dirty (`sync` first, not timed): what one server wrote
