@@ -743,8 +743,8 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.dev.info().check_write(start, data.len())?;
-        if self.pieces(OpKind::Write, opts, sectors).is_some() {
-            return self.write_parts(start, vec![data], opts).await;
+        if let Some(piece) = self.pieces(OpKind::Write, opts, sectors) {
+            return self.write_pieces(start, &[data], piece, opts).await;
         }
         // Whole: one buffer as one (no list of one made for it, nor cloned per attempt).
         self.run(OpKind::Write, sectors * 512, opts, |k| {
@@ -851,15 +851,27 @@ impl<D: BlockDevice> Queue<D> {
     async fn write_parts(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let len: usize = parts.iter().map(Bytes::len).sum();
         if let Some(piece) = self.pieces(OpKind::Write, opts, len as u64 / 512) {
-            let step = piece as usize * 512;
-            let writes = (0..len).step_by(step).map(|off| {
-                let part = crate::device::slice_parts(&parts, off, step.min(len - off));
-                self.write_piece(start + off as u64 / 512, part, opts)
-            });
-            crate::device::all(writes).await?;
-            return Ok(());
+            return self.write_pieces(start, &parts, piece, opts).await;
         }
         self.write_piece(start, parts, opts).await
+    }
+
+    /// A write of `parts` (checked) in pieces of `piece` sectors, each queued on its own.
+    async fn write_pieces(
+        &self,
+        start: u64,
+        parts: &[Bytes],
+        piece: u64,
+        opts: IoOpts,
+    ) -> Result<()> {
+        let len: usize = parts.iter().map(Bytes::len).sum();
+        let step = piece as usize * 512;
+        let writes = (0..len).step_by(step).map(|off| {
+            let part = crate::device::slice_parts(parts, off, step.min(len - off));
+            self.write_piece(start + off as u64 / 512, part, opts)
+        });
+        crate::device::all(writes).await?;
+        Ok(())
     }
 
     /// One write through the queue, whole: one command at the device (gathered if it is of
