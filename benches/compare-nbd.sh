@@ -69,10 +69,10 @@ servers=() loopdev="" backing="" held=()
 hold() { local fd; exec {fd}<"$1"; held+=("$fd"); }
 # Holds loop device $1 and fills its page cache in 4 KiB folios: what was cached is dropped
 # (`blockdev --flushbufs`: written back, then invalidated), then the backing file $2's bytes
-# (the device's own) are written back into the device 4 KiB at a time and written back. (So
-# each device has written back before its rows too: the kernel gives a block device that has
-# not a small share of the dirty-page limit, and random writes to fresh stripes were
-# throttled, 0.38x of the one device, twice.)
+# (the device's own) are written into the device 4 KiB at a time and on to the disk (`sync`).
+# (So each device has written back before its rows too: the kernel gives a block device that
+# has not yet written back a small share of the dirty-page limit, and random writes to fresh
+# stripes were throttled, 0.38x of the one device, twice.)
 fill() { # device backing
   hold "$1"
   blockdev --flushbufs "$1"
