@@ -121,29 +121,6 @@ pub(crate) async fn write_parts<D: BlockDevice + ?Sized>(
     dev.write(start, Bytes::from(whole), opts).await
 }
 
-/// The bytes `[from, from + len)` of `parts` taken one after the other, as slices of them
-/// (no copy): how a gathered write is cut into pieces.
-pub(crate) fn slice_parts(parts: &[Bytes], from: usize, len: usize) -> Vec<Bytes> {
-    let end = from + len;
-    let mut out = Vec::new();
-    if len == 0 {
-        return out;
-    }
-    let mut at = 0;
-    for p in parts {
-        let (lo, hi) = (at, at + p.len());
-        at = hi;
-        if hi <= from || p.is_empty() {
-            continue;
-        }
-        if lo >= end {
-            break;
-        }
-        out.push(p.slice(from.max(lo) - lo..end.min(hi) - lo));
-    }
-    out
-}
-
 /// `dev`'s [`read_to_send`](BlockDevice::read_to_send) if `send`, else its
 /// [`read`](BlockDevice::read): the two ways a layer's read into bytes goes down.
 pub(crate) async fn read_or_send<D: BlockDevice + ?Sized>(
@@ -181,34 +158,4 @@ where
         .await
         .into_iter()
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slice_parts_takes_any_byte_range_across_parts() {
-        let parts: Vec<Bytes> = [3usize, 0, 5, 2]
-            .iter()
-            .scan(0u8, |next, &n| {
-                let b: Vec<u8> = (0..n).map(|i| *next + i as u8).collect();
-                *next += n as u8;
-                Some(Bytes::from(b))
-            })
-            .collect();
-        let flat: Vec<u8> = (0..10).collect();
-        for from in 0..=10 {
-            for len in 0..=10 - from {
-                let got = slice_parts(&parts, from, len);
-                assert!(got.iter().all(|p| !p.is_empty()), "no empty slices");
-                assert_eq!(got.concat(), &flat[from..from + len], "{from}+{len}");
-            }
-        }
-        assert_eq!(
-            slice_parts(&parts, 3, 5).len(),
-            1,
-            "inside one part: one slice"
-        );
-    }
 }

@@ -198,6 +198,7 @@ pub(crate) use forward_io;
 mod checks;
 mod erased;
 mod info;
+mod parts;
 mod request;
 
 use bytes::Bytes;
@@ -207,6 +208,7 @@ use crate::{Error, Piped, Result};
 pub(crate) use checks::*;
 pub use erased::{BoxFuture, DynBlockDevice};
 pub use info::{Caps, DeviceInfo, Zeroing};
+pub(crate) use parts::{Parts, slice_parts};
 pub(crate) use request::push_extent;
 pub use request::{Extent, IoOpts, Zeroes};
 

@@ -12,6 +12,7 @@ use tagstripe_scheduler::{
 use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
 use tokio::time::Instant;
 
+use crate::device::Parts;
 use crate::stats::{OpKind, Stats};
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
 
@@ -742,20 +743,13 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
     }
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        let sectors = self.dev.info().check_write(start, data.len())?;
-        if let Some(piece) = self.pieces(OpKind::Write, opts, sectors) {
-            return self.write_pieces(start, &[data], piece, opts).await;
-        }
-        // Whole: one buffer as one (no list of one made for it, nor cloned per attempt).
-        self.run(OpKind::Write, sectors * 512, opts, |k| {
-            self.dev.write(start, data.clone(), with_kind(opts, k))
-        })
-        .await
+        self.dev.info().check_write(start, data.len())?;
+        self.write_parts(start, Parts::One(data), opts).await
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         crate::device::check_parts(self.dev.info(), start, &parts)?;
-        self.write_parts(start, parts, opts).await
+        self.write_parts(start, Parts::from(parts), opts).await
     }
 
     /// As the device does: a piped payload goes to the device in the pipe where the
@@ -846,41 +840,27 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
-    /// A write of `parts` (checked), one after the other: one command, or pieces of the size
-    /// the policy wants now, each queued on its own.
-    async fn write_parts(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
-        let len: usize = parts.iter().map(Bytes::len).sum();
+    /// A write of `parts` (checked): one command, or pieces of the size the policy wants
+    /// now, each queued on its own.
+    async fn write_parts(&self, start: u64, parts: Parts, opts: IoOpts) -> Result<()> {
+        let len = parts.len();
         if let Some(piece) = self.pieces(OpKind::Write, opts, len as u64 / 512) {
-            return self.write_pieces(start, &parts, piece, opts).await;
+            let step = piece as usize * 512;
+            let writes = (0..len).step_by(step).map(|off| {
+                let part = parts.slice(off, step.min(len - off));
+                self.write_piece(start + off as u64 / 512, part, opts)
+            });
+            crate::device::all(writes).await?;
+            return Ok(());
         }
         self.write_piece(start, parts, opts).await
     }
 
-    /// A write of `parts` (checked) in pieces of `piece` sectors, each queued on its own.
-    async fn write_pieces(
-        &self,
-        start: u64,
-        parts: &[Bytes],
-        piece: u64,
-        opts: IoOpts,
-    ) -> Result<()> {
-        let len: usize = parts.iter().map(Bytes::len).sum();
-        let step = piece as usize * 512;
-        let writes = (0..len).step_by(step).map(|off| {
-            let part = crate::device::slice_parts(parts, off, step.min(len - off));
-            self.write_piece(start + off as u64 / 512, part, opts)
-        });
-        crate::device::all(writes).await?;
-        Ok(())
-    }
-
-    /// One write through the queue, whole: one command at the device (gathered if it is of
-    /// several parts).
-    async fn write_piece(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
-        let bytes = parts.iter().map(|p| p.len() as u64).sum();
-        self.run(OpKind::Write, bytes, opts, |k| {
-            self.dev
-                .write_vectored(start, parts.clone(), with_kind(opts, k))
+    /// One write through the queue, whole: one command at the device, the data as it came
+    /// (one buffer as one, parts gathered), sent again as it is after QUEUE FULL or BUSY.
+    async fn write_piece(&self, start: u64, parts: Parts, opts: IoOpts) -> Result<()> {
+        self.run(OpKind::Write, parts.len() as u64, opts, |k| {
+            parts.clone().write_to(&self.dev, start, with_kind(opts, k))
         })
         .await
     }

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use tagstripe_quirks::{Applied, Mod15, Op, Splitter};
 
+use crate::device::Parts;
 use crate::{BlockDevice, DeviceInfo, IoOpts, Result};
 
 /// Splits every request by the device's limits (and matched quirks) in Linux's order, and
@@ -77,53 +78,25 @@ impl<D: BlockDevice> Split<D> {
         let durable = opts.fua || self.force_fua;
         let fua = durable && self.info.caps.fua;
         if pieces.clone().next().is_some_and(|p| p.sectors == sectors) {
-            // Not split (the common small write): the data goes down as it is, one buffer
-            // as one (no list of one made for it).
-            match parts {
-                Parts::One(data) => self.dev.write(start, data, opts.fua(fua)).await?,
-                Parts::Many(parts) => self.dev.write_vectored(start, parts, opts.fua(fua)).await?,
-            }
+            // Not split (the common small write): the data goes down as it came.
+            parts.write_to(&self.dev, start, opts.fua(fua)).await?;
         } else {
-            self.write_pieces(start, pieces, parts.as_slice(), opts.fua(fua))
-                .await?;
+            // Each piece one command: a piece of one buffer (or of one part) as one buffer,
+            // else gathered.
+            let writes = pieces.map(|p| {
+                let off = ((p.start - start) * 512) as usize;
+                parts.slice(off, p.sectors as usize * 512).write_to(
+                    &self.dev,
+                    p.start,
+                    opts.fua(fua),
+                )
+            });
+            crate::device::all(writes).await?;
         }
         if durable && !fua {
             self.dev.flush(opts.fua(false)).await?;
         }
         Ok(())
-    }
-
-    /// The pieces of a split write, each one command (gathered if it spans several parts).
-    async fn write_pieces(
-        &self,
-        start: u64,
-        pieces: impl Iterator<Item = tagstripe_quirks::Piece>,
-        parts: &[Bytes],
-        opts: IoOpts,
-    ) -> Result<()> {
-        let writes = pieces.map(|p| {
-            let off = ((p.start - start) * 512) as usize;
-            let part = crate::device::slice_parts(parts, off, p.sectors as usize * 512);
-            self.dev.write_vectored(p.start, part, opts)
-        });
-        crate::device::all(writes).await?;
-        Ok(())
-    }
-}
-
-/// A write's data as it came: one buffer ([`BlockDevice::write`]) or a list of parts
-/// ([`BlockDevice::write_vectored`]).
-enum Parts {
-    One(Bytes),
-    Many(Vec<Bytes>),
-}
-
-impl Parts {
-    fn as_slice(&self) -> &[Bytes] {
-        match self {
-            Parts::One(b) => std::slice::from_ref(b),
-            Parts::Many(v) => v,
-        }
     }
 }
 
@@ -208,7 +181,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        self.write_parts(start, sectors, Parts::Many(parts), opts)
+        self.write_parts(start, sectors, Parts::from(parts), opts)
             .await
     }
 

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use parking_lot::Mutex;
 use tagstripe_quirks::{Limits, StripeShape};
 use tagstripe_striping::superblock::Side;
-use tagstripe_striping::{Geometry, Merged, MirrorReads, Piece, Pieces, ReadBalancer};
+use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
 
 use super::Component;
+use crate::device::Parts;
 use crate::{BlockDevice, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
 
 /// A volume striped (or concatenated, or mirrored) over components by a
@@ -361,49 +362,55 @@ impl Striped {
         Ok(self.geometry.map(start, sectors)?.merged().collect())
     }
 
-    /// A write of `parts` at volume sector `start` whose range maps to `merged` (more than
-    /// one piece): the pieces that lie back to back on one component go to it as one
-    /// gathered command.
-    async fn write_parts(
-        &self,
-        start: u64,
-        merged: Merged<Pieces<'_>>,
-        parts: Vec<Bytes>,
-        opts: IoOpts,
-    ) -> Result<()> {
+    /// A write of `data` (checked: `sectors` long) at volume sector `start`. One piece (the
+    /// common small write): the data as it came, to its component (or its mirror sides).
+    /// More: the pieces that lie back to back on one component go to it as one command, a
+    /// run inside one buffer as one buffer, else gathered.
+    async fn write_data(&self, start: u64, sectors: u64, data: Parts, opts: IoOpts) -> Result<()> {
+        let merged = self.geometry.map(start, sectors)?.merged();
+        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
+            let _intent = self.intent(std::slice::from_ref(&p)).await?;
+            let data = &data;
+            return self
+                .on_sides(&p, move |c| {
+                    data.clone().write_to(&self.components[c], p.cblk, opts)
+                })
+                .await;
+        }
         let pieces: Vec<Piece> = merged.collect();
         let _intent = self.intent(&pieces).await?;
-        let (parts, all_pieces) = (&parts, &pieces);
+        let (data, all_pieces) = (&data, &pieces);
         let writes = gather(&pieces)
             .into_iter()
             .map(|(run, members)| async move {
-                let mut data = Vec::with_capacity(members.len());
-                for p in members.iter().map(|&m| &all_pieces[m]) {
-                    let off = ((p.lblk - start) * 512) as usize;
-                    data.extend(crate::device::slice_parts(
-                        parts,
-                        off,
-                        p.count as usize * 512,
-                    ));
-                }
-                let data = &data;
+                let run_data = match members[..] {
+                    [m] => {
+                        let p = &all_pieces[m];
+                        data.slice(((p.lblk - start) * 512) as usize, p.count as usize * 512)
+                    }
+                    _ => {
+                        let mut gathered = Vec::with_capacity(members.len());
+                        for p in members.iter().map(|&m| &all_pieces[m]) {
+                            let off = ((p.lblk - start) * 512) as usize;
+                            gathered.extend(crate::device::slice_parts(
+                                data.as_slice(),
+                                off,
+                                p.count as usize * 512,
+                            ));
+                        }
+                        Parts::Many(gathered)
+                    }
+                };
+                let run_data = &run_data;
                 self.on_sides(&run, move |c| {
-                    self.components[c].write_vectored(run.cblk, data.clone(), opts)
+                    run_data
+                        .clone()
+                        .write_to(&self.components[c], run.cblk, opts)
                 })
                 .await
             });
         crate::device::all(writes).await?;
         Ok(())
-    }
-
-    /// A write that is one piece: its intent recorded (a mirror's), then `to` each side.
-    async fn write_piece<F, Fut>(&self, p: &Piece, to: F) -> Result<()>
-    where
-        F: Fn(usize) -> Fut,
-        Fut: Future<Output = Result<()>>,
-    {
-        let _intent = self.intent(std::slice::from_ref(p)).await?;
-        self.on_sides(p, to).await
     }
 
     /// A piped payload cut into its components' runs (see
@@ -727,26 +734,14 @@ impl BlockDevice for Striped {
 
     async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let merged = self.geometry.map(start, sectors)?.merged();
-        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
-            // One piece (the common small write): its buffer as it is, no list of parts.
-            let data = &data;
-            let to = move |c: usize| self.components[c].write(p.cblk, data.clone(), opts);
-            return self.write_piece(&p, to).await;
-        }
-        self.write_parts(start, merged, vec![data], opts).await
+        self.write_data(start, sectors, Parts::One(data), opts)
+            .await
     }
 
     async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
         let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        let merged = self.geometry.map(start, sectors)?.merged();
-        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
-            // One piece: straight to its component (or its mirror sides), nothing gathered.
-            let parts = &parts;
-            let to = move |c: usize| self.components[c].write_vectored(p.cblk, parts.clone(), opts);
-            return self.write_piece(&p, to).await;
-        }
-        self.write_parts(start, merged, parts, opts).await
+        self.write_data(start, sectors, Parts::from(parts), opts)
+            .await
     }
 
     /// Where every component does, on a volume without a mirror (a pipe's bytes cannot
