@@ -250,6 +250,35 @@ fn bench_stack(c: &mut Criterion) {
         })
     });
 
+    // 4 KiB writes one at a time on the calling thread, through the volume and straight to
+    // one of its memory devices: the difference is what the layers cost a write.
+    let data4k = Bytes::from(vec![0x5Au8; 4096]);
+    g.bench_function(BenchmarkId::new("4k-write", "qd1"), |b| {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        b.iter(|| {
+            single.block_on(async {
+                for _ in 0..batch {
+                    let s = random_block(&mut x, total);
+                    vol.write(s, data4k.clone(), IoOpts::new()).await.unwrap();
+                }
+            })
+        })
+    });
+    g.bench_function(BenchmarkId::new("4k-write", "qd1-device"), |b| {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        b.iter(|| {
+            single.block_on(async {
+                for _ in 0..batch {
+                    let s = random_block(&mut x, COMP_SECTORS);
+                    devs[0]
+                        .write(s, data4k.clone(), IoOpts::new())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+    });
+
     // 4 KiB random reads, 32 in flight: each iteration runs a batch of 32 * 64 reads; then
     // the same through one tenant of a `Tenants` over the volume (its scheduler's cost).
     let batch = 32 * 64;

@@ -195,6 +195,41 @@ macro_rules! forward_io {
 }
 pub(crate) use forward_io;
 
+/// Writes [`BlockDevice::write`] and [`BlockDevice::write_vectored`] for a layer that takes
+/// both through one path: each checked against the layer's own [`DeviceInfo`], then
+/// `|self| FUNCTION(start, sectors, parts, opts)` called with the data as a
+/// [`Parts`] (one buffer as one, a list of one as one buffer). They return `async move`
+/// blocks, not `async fn`s: an `async fn`'s future keeps room for its arguments twice, and
+/// every layer above holds a request's future inline (a server boxes it whole).
+macro_rules! write_through_parts {
+    (|$s:ident| $f:ident) => {
+        fn write(
+            &$s,
+            start: u64,
+            data: bytes::Bytes,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            async move {
+                let sectors = $crate::BlockDevice::info($s).check_write(start, data.len())?;
+                $s.$f(start, sectors, $crate::device::Parts::One(data), opts).await
+            }
+        }
+        fn write_vectored(
+            &$s,
+            start: u64,
+            parts: Vec<bytes::Bytes>,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<()>> + Send {
+            async move {
+                let sectors =
+                    $crate::device::check_parts($crate::BlockDevice::info($s), start, &parts)?;
+                $s.$f(start, sectors, $crate::device::Parts::from(parts), opts).await
+            }
+        }
+    };
+}
+pub(crate) use write_through_parts;
+
 mod checks;
 mod erased;
 mod info;

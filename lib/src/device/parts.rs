@@ -2,6 +2,7 @@
 //! that sends either down.
 
 use bytes::Bytes;
+use futures_util::future::Either;
 
 use super::BlockDevice;
 use crate::{IoOpts, Result};
@@ -59,16 +60,17 @@ impl Parts {
     }
 
     /// Sent to `dev` at `start`: one buffer by its [`write`](BlockDevice::write), parts by
-    /// its [`write_vectored`](BlockDevice::write_vectored).
-    pub(crate) async fn write_to<D: BlockDevice + ?Sized>(
+    /// its [`write_vectored`](BlockDevice::write_vectored). The device's own future, not
+    /// one wrapped around it (every layer above holds it inline).
+    pub(crate) fn write_to<D: BlockDevice + ?Sized>(
         self,
         dev: &D,
         start: u64,
         opts: IoOpts,
-    ) -> Result<()> {
+    ) -> impl Future<Output = Result<()>> + Send + '_ {
         match self {
-            Self::One(data) => dev.write(start, data, opts).await,
-            Self::Many(parts) => dev.write_vectored(start, parts, opts).await,
+            Self::One(data) => Either::Left(dev.write(start, data, opts)),
+            Self::Many(parts) => Either::Right(dev.write_vectored(start, parts, opts)),
         }
     }
 }

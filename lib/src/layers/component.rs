@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::future::Either;
 
 use crate::{
     BlockDevice, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Queue, Result, Split, Zeroes,
@@ -32,13 +33,15 @@ impl Component {
     }
 }
 
-/// Calls the same method on whichever stack it is, awaiting it in place.
+/// Calls the same method on whichever stack it is: that stack's own future, not one
+/// wrapped around it (no state machine of the component's, nor room for the call's
+/// arguments kept twice; every layer above holds the future inline).
 macro_rules! each {
     ($self:ident, $d:ident => $call:expr) => {
         match $self {
-            Component::Queued($d) => $call.await,
-            Component::Direct($d) => $call.await,
-            Component::Erased($d) => $call.await,
+            Component::Queued($d) => Either::Left($call),
+            Component::Direct($d) => Either::Right(Either::Left($call)),
+            Component::Erased($d) => Either::Right(Either::Right($call)),
         }
     };
 }
@@ -58,27 +61,52 @@ impl BlockDevice for Component {
             Self::Erased(d) => d.caps(),
         }
     }
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+    fn read(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
         each!(self, d => d.read(start, sectors, opts))
     }
-    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
+    fn read_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
         each!(self, d => d.read_to_send(start, sectors, opts))
     }
-    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
+    fn read_into(
+        &self,
+        start: u64,
+        buf: &mut [u8],
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.read_into(start, buf, opts))
     }
-    async fn read_vectored_into(
+    fn read_vectored_into(
         &self,
         start: u64,
         bufs: Vec<&mut [u8]>,
         opts: IoOpts,
-    ) -> Result<()> {
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.read_vectored_into(start, bufs, opts))
     }
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
+    fn write(
+        &self,
+        start: u64,
+        data: Bytes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.write(start, data, opts))
     }
-    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
+    fn write_vectored(
+        &self,
+        start: u64,
+        parts: Vec<Bytes>,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.write_vectored(start, parts, opts))
     }
     fn takes_piped_writes(&self) -> bool {
@@ -88,19 +116,39 @@ impl BlockDevice for Component {
             Self::Erased(d) => d.takes_piped_writes(),
         }
     }
-    async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
+    fn write_piped(
+        &self,
+        start: u64,
+        data: crate::Piped,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.write_piped(start, data, opts))
     }
-    async fn flush(&self, opts: IoOpts) -> Result<()> {
+    fn flush(&self, opts: IoOpts) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.flush(opts))
     }
-    async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
+    fn discard(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.discard(start, sectors, opts))
     }
-    async fn write_zeroes(&self, start: u64, sectors: u64, z: Zeroes, opts: IoOpts) -> Result<()> {
+    fn write_zeroes(
+        &self,
+        start: u64,
+        sectors: u64,
+        z: Zeroes,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
         each!(self, d => d.write_zeroes(start, sectors, z, opts))
     }
-    async fn allocation(&self, start: u64, sectors: u64) -> Result<Vec<Extent>> {
+    fn allocation(
+        &self,
+        start: u64,
+        sectors: u64,
+    ) -> impl Future<Output = Result<Vec<Extent>>> + Send {
         each!(self, d => d.allocation(start, sectors))
     }
 }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::device::Parts;
 use crate::stats::{OpKind, Stats};
 use crate::{BlockDevice, DeviceInfo, Error, IoOpts, Result};
+use futures_util::future::Either;
 
 /// Permission to issue a request: the tag it holds and the tag kind to send. A grant that
 /// is never taken up (its request was cancelled after it was sent) gives the tag back when
@@ -377,7 +378,9 @@ impl<D: BlockDevice> Queue<D> {
             return Ok((a, None));
         }
         let from = self.inner.lock().now();
-        match self.admission.enter(class).await {
+        // Boxed: the wait (two semaphores' futures) is the rare path, and a request's future
+        // need not carry room for it (every layer above holds this future inline).
+        match Box::pin(self.admission.enter(class)).await {
             Some(a) => Ok((a, Some(from))),
             None => Err(Error::Closed {
                 device: self.dev.info().name.clone(),
@@ -553,19 +556,41 @@ impl<D: BlockDevice> Queue<D> {
 
     /// One request through the queue, `f` called with the tag kind to send for every
     /// attempt (again while the device answers QUEUE FULL or BUSY).
-    async fn run<T, F, Fut>(&self, op: OpKind, bytes: u64, opts: IoOpts, f: F) -> Result<T>
+    ///
+    /// (A function that returns an `async move` block, not an `async fn`: an `async fn`'s
+    /// future keeps room for its arguments twice, as it took them and as its body's
+    /// locals, and every layer above holds this future inline.)
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn run<T, F, Fut>(
+        &self,
+        op: OpKind,
+        bytes: u64,
+        opts: IoOpts,
+        f: F,
+    ) -> impl Future<Output = Result<T>>
     where
         F: Fn(TagKind) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut r = self.begin(op, bytes, opts).await?;
-        loop {
-            let res = match r.attempt().await {
-                Ok(kind) => f(kind).await,
-                Err(e) => Err(e),
-            };
-            if let Some(done) = r.answer(res) {
-                return done;
+        async move {
+            let mut r = self.begin(op, bytes, opts).await?;
+            loop {
+                // The attempt's result is not held while the device works (awaited inside a
+                // `match` on it, it would be: an error's room in every request's future).
+                let kind = match r.attempt().await {
+                    Ok(kind) => kind,
+                    Err(e) => match r.answer(Err(e)) {
+                        Some(done) => return done,
+                        None => continue,
+                    },
+                };
+                let res = f(kind).await;
+                if let Some(done) = r.answer(res) {
+                    return done;
+                }
             }
         }
     }
@@ -742,15 +767,7 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         }
     }
 
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        self.dev.info().check_write(start, data.len())?;
-        self.write_parts(start, Parts::One(data), opts).await
-    }
-
-    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
-        crate::device::check_parts(self.dev.info(), start, &parts)?;
-        self.write_parts(start, Parts::from(parts), opts).await
-    }
+    crate::device::write_through_parts!(|self| write_parts);
 
     /// As the device does: a piped payload goes to the device in the pipe where the
     /// device writes from pipes (see [`write_piped`](Self::write_piped)).
@@ -840,29 +857,45 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
-    /// A write of `parts` (checked): one command, or pieces of the size the policy wants
-    /// now, each queued on its own.
-    async fn write_parts(&self, start: u64, parts: Parts, opts: IoOpts) -> Result<()> {
+    /// A write of `parts` (checked: `sectors` long): one command, or pieces of the size
+    /// the policy wants now, each queued on its own. (The future the policy's choice
+    /// gives, not an `async fn`'s wrapped around it: see `write_through_parts`.)
+    fn write_parts(
+        &self,
+        start: u64,
+        sectors: u64,
+        parts: Parts,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send + '_ {
         let len = parts.len();
-        if let Some(piece) = self.pieces(OpKind::Write, opts, len as u64 / 512) {
-            let step = piece as usize * 512;
-            let writes = (0..len).step_by(step).map(|off| {
-                let part = parts.slice(off, step.min(len - off));
-                self.write_piece(start + off as u64 / 512, part, opts)
-            });
-            crate::device::all(writes).await?;
-            return Ok(());
+        match self.pieces(OpKind::Write, opts, sectors) {
+            // Boxed: the rare path (bulk cut into pieces) kept out of the common one's
+            // future.
+            Some(piece) => Either::Left(Box::pin(async move {
+                let step = piece as usize * 512;
+                let writes = (0..len).step_by(step).map(|off| {
+                    let part = parts.slice(off, step.min(len - off));
+                    self.write_piece(start + off as u64 / 512, part, opts)
+                });
+                crate::device::all(writes).await?;
+                Ok(())
+            })),
+            None => Either::Right(self.write_piece(start, parts, opts)),
         }
-        self.write_piece(start, parts, opts).await
     }
 
     /// One write through the queue, whole: one command at the device, the data as it came
     /// (one buffer as one, parts gathered), sent again as it is after QUEUE FULL or BUSY.
-    async fn write_piece(&self, start: u64, parts: Parts, opts: IoOpts) -> Result<()> {
-        self.run(OpKind::Write, parts.len() as u64, opts, |k| {
+    fn write_piece(
+        &self,
+        start: u64,
+        parts: Parts,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send + '_ {
+        let bytes = parts.len() as u64;
+        self.run(OpKind::Write, bytes, opts, move |k| {
             parts.clone().write_to(&self.dev, start, with_kind(opts, k))
         })
-        .await
     }
 }
 

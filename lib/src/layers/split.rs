@@ -64,8 +64,47 @@ impl<D: BlockDevice> Split<D> {
     }
 
     /// A write of `parts` (checked: `sectors` long) cut by the limits; each piece goes as
-    /// one command, gathered if it spans several parts.
-    async fn write_parts(
+    /// one command, gathered if it spans several parts. (An `async move` block, not an
+    /// `async fn`, here and in `write`: an `async fn`'s future keeps room for its
+    /// arguments twice, and every layer above holds a request's future inline.)
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn write_parts(
+        &self,
+        start: u64,
+        sectors: u64,
+        parts: Parts,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send + '_ {
+        async move {
+            // The write cache off: every write durable as it completes. FUA forbidden: the
+            // write without it, then a flush.
+            let durable = opts.fua || self.force_fua;
+            let fua = durable && self.info.caps.fua;
+            let whole = self
+                .splitter
+                .split(Op::Write, start, sectors)?
+                .next()
+                .is_some_and(|p| p.sectors == sectors);
+            if whole {
+                // Not split (the common small write): the data goes down as it came.
+                parts.write_to(&self.dev, start, opts.fua(fua)).await?;
+            } else {
+                // Boxed: the rare path kept out of the common one's future.
+                Box::pin(self.write_pieces(start, sectors, parts, opts.fua(fua))).await?;
+            }
+            if durable && !fua {
+                self.dev.flush(opts.fua(false)).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// A write cut into pieces by the limits, each one command: a piece of one buffer (or
+    /// of one part) as one buffer, else gathered.
+    async fn write_pieces(
         &self,
         start: u64,
         sectors: u64,
@@ -73,29 +112,13 @@ impl<D: BlockDevice> Split<D> {
         opts: IoOpts,
     ) -> Result<()> {
         let pieces = self.splitter.split(Op::Write, start, sectors)?;
-        // The write cache off: every write durable as it completes. FUA forbidden: the
-        // write without it, then a flush.
-        let durable = opts.fua || self.force_fua;
-        let fua = durable && self.info.caps.fua;
-        if pieces.clone().next().is_some_and(|p| p.sectors == sectors) {
-            // Not split (the common small write): the data goes down as it came.
-            parts.write_to(&self.dev, start, opts.fua(fua)).await?;
-        } else {
-            // Each piece one command: a piece of one buffer (or of one part) as one buffer,
-            // else gathered.
-            let writes = pieces.map(|p| {
-                let off = ((p.start - start) * 512) as usize;
-                parts.slice(off, p.sectors as usize * 512).write_to(
-                    &self.dev,
-                    p.start,
-                    opts.fua(fua),
-                )
-            });
-            crate::device::all(writes).await?;
-        }
-        if durable && !fua {
-            self.dev.flush(opts.fua(false)).await?;
-        }
+        let writes = pieces.map(|p| {
+            let off = ((p.start - start) * 512) as usize;
+            parts
+                .slice(off, p.sectors as usize * 512)
+                .write_to(&self.dev, p.start, opts)
+        });
+        crate::device::all(writes).await?;
         Ok(())
     }
 }
@@ -173,17 +196,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         Ok(())
     }
 
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        let sectors = self.info.check_write(start, data.len())?;
-        self.write_parts(start, sectors, Parts::One(data), opts)
-            .await
-    }
-
-    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
-        let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        self.write_parts(start, sectors, Parts::from(parts), opts)
-            .await
-    }
+    crate::device::write_through_parts!(|self| write_parts);
 
     /// As the device does (see [`write_piped`](Self::write_piped)).
     fn takes_piped_writes(&self) -> bool {

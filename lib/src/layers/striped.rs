@@ -13,6 +13,8 @@ use tagstripe_striping::{Geometry, MirrorReads, Piece, ReadBalancer};
 use super::Component;
 use crate::device::Parts;
 use crate::{BlockDevice, DeviceInfo, DynBlockDevice, Error, IoOpts, Result};
+use futures_util::TryFutureExt;
+use futures_util::future::Either;
 
 /// A volume striped (or concatenated, or mirrored) over components by a
 /// [`Geometry`]. Requests map to pieces issued concurrently; a read that maps to one piece is
@@ -289,17 +291,28 @@ impl Striped {
     /// Writes (or discards) one piece on every live side. A mirror side that fails while
     /// its partner succeeds is dropped from the mirror and the piece succeeds, degraded; the
     /// last live side is never dropped, and its failure fails the piece.
-    async fn on_sides<F, Fut>(&self, p: &Piece, op: F) -> Result<()>
+    ///
+    /// One target (the common case): its own future, its error named by component.
+    /// Mirrored: boxed, so that a request's future carries no room for a mirror's
+    /// gathering (every layer above holds it inline, and a server boxes it whole).
+    fn on_sides<'a, F, Fut>(&'a self, p: &'a Piece, op: F) -> impl Future<Output = Result<()>> + 'a
+    where
+        F: Fn(usize) -> Fut + 'a,
+        Fut: Future<Output = Result<()>> + 'a,
+    {
+        if p.mirror.is_none() {
+            let (c, lblk) = (p.component, p.lblk);
+            return Either::Left(op(c).map_err(move |e| component(c, Some(lblk), e)));
+        }
+        Either::Right(Box::pin(self.on_mirror_sides(p, op)))
+    }
+
+    /// [`on_sides`](Self::on_sides) for a mirrored piece: each live side written at once.
+    async fn on_mirror_sides<F, Fut>(&self, p: &Piece, op: F) -> Result<()>
     where
         F: Fn(usize) -> Fut,
         Fut: Future<Output = Result<()>>,
     {
-        if p.mirror.is_none() {
-            // The common case: one target, nothing to gather.
-            return op(p.component)
-                .await
-                .map_err(|e| component(p.component, Some(p.lblk), e));
-        }
         let targets: Vec<usize> = p
             .write_targets()
             .map(|(_, c)| c)
@@ -350,7 +363,8 @@ impl Striped {
         pieces: &[Piece],
     ) -> Result<Option<crate::layers::mirror::metadata::WriteGuard<'_>>> {
         match self.keeper.get() {
-            Some(k) if k.has_bitmap() => Ok(Some(k.begin_write(self, pieces).await?)),
+            // Boxed: only a mirror with a bitmap marks regions (see `on_sides`).
+            Some(k) if k.has_bitmap() => Ok(Some(Box::pin(k.begin_write(self, pieces)).await?)),
             _ => Ok(None),
         }
     }
@@ -363,21 +377,52 @@ impl Striped {
     }
 
     /// A write of `data` (checked: `sectors` long) at volume sector `start`. One piece (the
-    /// common small write): the data as it came, to its component (or its mirror sides).
-    /// More: the pieces that lie back to back on one component go to it as one command, a
-    /// run inside one buffer as one buffer, else gathered.
-    async fn write_data(&self, start: u64, sectors: u64, data: Parts, opts: IoOpts) -> Result<()> {
-        let merged = self.geometry.map(start, sectors)?.merged();
-        if let Some(p) = merged.clone().next().filter(|p| p.count == sectors) {
+    /// common small write): the data as it came, to its component (or its mirror sides);
+    /// more: [`write_runs`](Self::write_runs).
+    /// (An `async move` block, not an `async fn`, here and in `write`: an `async fn`'s
+    /// future keeps room for its arguments twice, and every layer above holds a request's
+    /// future inline.)
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn write_data(
+        &self,
+        start: u64,
+        sectors: u64,
+        data: Parts,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send + '_ {
+        async move {
+            // The map's iterators are not kept across the writes.
+            let one = {
+                let merged = self.geometry.map(start, sectors)?.merged();
+                merged.clone().next().filter(|p| p.count == sectors)
+            };
+            let Some(p) = one else {
+                // Boxed: the pieces' joined futures kept out of the one-piece path's.
+                let pieces = self.geometry.map(start, sectors)?.merged().collect();
+                return Box::pin(self.write_runs(start, pieces, data, opts)).await;
+            };
             let _intent = self.intent(std::slice::from_ref(&p)).await?;
             let data = &data;
-            return self
-                .on_sides(&p, move |c| {
-                    data.clone().write_to(&self.components[c], p.cblk, opts)
-                })
-                .await;
+            self.on_sides(&p, move |c| {
+                data.clone().write_to(&self.components[c], p.cblk, opts)
+            })
+            .await
         }
-        let pieces: Vec<Piece> = merged.collect();
+    }
+
+    /// A write of `data` at volume sector `start` over `pieces` (more than one): the
+    /// pieces that lie back to back on one component go to it as one command, a run inside
+    /// one buffer as one buffer, else gathered.
+    async fn write_runs(
+        &self,
+        start: u64,
+        pieces: Vec<Piece>,
+        data: Parts,
+        opts: IoOpts,
+    ) -> Result<()> {
         let _intent = self.intent(&pieces).await?;
         let (data, all_pieces) = (&data, &pieces);
         let writes = gather(&pieces)
@@ -732,17 +777,7 @@ impl BlockDevice for Striped {
         self.read_scattered(pieces, bufs, opts).await
     }
 
-    async fn write(&self, start: u64, data: Bytes, opts: IoOpts) -> Result<()> {
-        let sectors = self.info.check_write(start, data.len())?;
-        self.write_data(start, sectors, Parts::One(data), opts)
-            .await
-    }
-
-    async fn write_vectored(&self, start: u64, parts: Vec<Bytes>, opts: IoOpts) -> Result<()> {
-        let sectors = crate::device::check_parts(&self.info, start, &parts)?;
-        self.write_data(start, sectors, Parts::from(parts), opts)
-            .await
-    }
+    crate::device::write_through_parts!(|self| write_data);
 
     /// Where every component does, on a volume without a mirror (a pipe's bytes cannot
     /// go to two sides).
