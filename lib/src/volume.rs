@@ -906,10 +906,8 @@ impl Volume {
         self.striped.components()
     }
 
-    /// A request's statistics, begun as it is made; [`Timing::end`] counts its result.
-    /// (Not a wrapper that takes the request's future: a future passed by value into an
-    /// `async fn` is copied whole into its state and again into its await, a striped
-    /// write's 3 KiB twice a request.)
+    /// A request's statistics, begun as it is made; [`Timing::end`] counts its result
+    /// (see `timed!`).
     fn timing(&self) -> Timing<'_> {
         Timing {
             counted: self.stats.begin(),
@@ -940,95 +938,120 @@ impl Timing<'_> {
     }
 }
 
+/// A request of the volume: `timed!(self, OP, opts, BYTES, |striped| CALL)` runs `CALL` on
+/// the volume's striped layer, timed and counted in the volume's statistics as `BYTES` of
+/// `OP` in `opts`' class. An `async move` block, not an `async fn`, whose future keeps
+/// room for its arguments twice (a server boxes a request's future whole), nor a wrapper
+/// that takes the request's future by value (copied into its state and again into its
+/// await).
+macro_rules! timed {
+    ($v:ident, $op:expr, $opts:ident, $bytes:expr, |$s:ident| $call:expr) => {
+        async move {
+            let bytes: u64 = $bytes;
+            let t = $v.timing();
+            let $s = &$v.striped;
+            let r = $call.await;
+            t.end($op, $opts.class, bytes, r)
+        }
+    };
+}
+
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn's future keeps its arguments twice (see `timed!`)"
+)]
 impl BlockDevice for Volume {
     fn info(&self) -> &DeviceInfo {
         self.striped.info()
     }
 
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        let bytes = sectors.saturating_mul(512);
-        let t = self.timing();
-        let r = self.striped.read(start, sectors, opts).await;
-        t.end(OpKind::Read, opts.class, bytes, r)
-    }
-
-    /// As [`read`](BlockDevice::read); a read of one piece is its component's
-    /// `read_to_send`.
-    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        let bytes = sectors.saturating_mul(512);
-        let t = self.timing();
-        let r = self.striped.read_to_send(start, sectors, opts).await;
-        t.end(OpKind::Read, opts.class, bytes, r)
-    }
-
-    /// As [`read`](BlockDevice::read), each interleave unit as its component gives it.
-    async fn read_parts_to_send(
+    // Each request an `async move` block through the striped layer (see `timed!`).
+    fn read(
         &self,
         start: u64,
         sectors: u64,
         opts: IoOpts,
-    ) -> Result<Vec<Bytes>> {
-        let bytes = sectors.saturating_mul(512);
-        let t = self.timing();
-        let r = self.striped.read_parts_to_send(start, sectors, opts).await;
-        t.end(OpKind::Read, opts.class, bytes, r)
+    ) -> impl Future<Output = Result<Bytes>> + Send {
+        timed!(self, OpKind::Read, opts, sectors.saturating_mul(512), |s| {
+            s.read(start, sectors, opts)
+        })
     }
 
-    async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
-        let bytes = buf.len() as u64;
-        let t = self.timing();
-        let r = self.striped.read_into(start, buf, opts).await;
-        t.end(OpKind::Read, opts.class, bytes, r)
+    /// As [`read`](BlockDevice::read); a read of one piece is its component's
+    /// `read_to_send`.
+    fn read_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Bytes>> + Send {
+        timed!(self, OpKind::Read, opts, sectors.saturating_mul(512), |s| {
+            s.read_to_send(start, sectors, opts)
+        })
     }
 
-    async fn read_vectored_into(
+    /// As [`read`](BlockDevice::read), each interleave unit as its component gives it.
+    fn read_parts_to_send(
+        &self,
+        start: u64,
+        sectors: u64,
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send {
+        timed!(self, OpKind::Read, opts, sectors.saturating_mul(512), |s| {
+            s.read_parts_to_send(start, sectors, opts)
+        })
+    }
+
+    fn read_into(
+        &self,
+        start: u64,
+        buf: &mut [u8],
+        opts: IoOpts,
+    ) -> impl Future<Output = Result<()>> + Send {
+        timed!(self, OpKind::Read, opts, buf.len() as u64, |s| {
+            s.read_into(start, buf, opts)
+        })
+    }
+
+    fn read_vectored_into(
         &self,
         start: u64,
         bufs: Vec<&mut [u8]>,
         opts: IoOpts,
-    ) -> Result<()> {
-        let bytes = bufs.iter().map(|b| b.len() as u64).sum();
-        let t = self.timing();
-        let r = self.striped.read_vectored_into(start, bufs, opts).await;
-        t.end(OpKind::Read, opts.class, bytes, r)
+    ) -> impl Future<Output = Result<()>> + Send {
+        timed!(
+            self,
+            OpKind::Read,
+            opts,
+            bufs.iter().map(|b| b.len() as u64).sum(),
+            |s| s.read_vectored_into(start, bufs, opts)
+        )
     }
 
-    // The writes return `async move` blocks, not `async fn`s: an `async fn`'s future keeps
-    // room for its arguments twice, and a server boxes a request's future whole.
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an async fn's future keeps its arguments twice"
-    )]
     fn write(
         &self,
         start: u64,
         data: Bytes,
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
-        async move {
-            let bytes = data.len() as u64;
-            let t = self.timing();
-            let r = self.striped.write(start, data, opts).await;
-            t.end(OpKind::Write, opts.class, bytes, r)
-        }
+        timed!(self, OpKind::Write, opts, data.len() as u64, |s| {
+            s.write(start, data, opts)
+        })
     }
 
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an async fn's future keeps its arguments twice"
-    )]
     fn write_vectored(
         &self,
         start: u64,
         parts: Vec<Bytes>,
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
-        async move {
-            let bytes = parts.iter().map(|p| p.len() as u64).sum();
-            let t = self.timing();
-            let r = self.striped.write_vectored(start, parts, opts).await;
-            t.end(OpKind::Write, opts.class, bytes, r)
-        }
+        timed!(
+            self,
+            OpKind::Write,
+            opts,
+            parts.iter().map(|p| p.len() as u64).sum(),
+            |s| s.write_vectored(start, parts, opts)
+        )
     }
 
     /// Where its striped layer does: every component writes from pipes, and no mirror.

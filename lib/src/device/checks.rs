@@ -123,17 +123,18 @@ pub(crate) async fn write_parts<D: BlockDevice + ?Sized>(
 
 /// `dev`'s [`read_to_send`](BlockDevice::read_to_send) if `send`, else its
 /// [`read`](BlockDevice::read): the two ways a layer's read into bytes goes down.
-pub(crate) async fn read_or_send<D: BlockDevice + ?Sized>(
+/// The device's own future, not one wrapped around it (every layer above holds it inline).
+pub(crate) fn read_or_send<D: BlockDevice + ?Sized>(
     dev: &D,
     start: u64,
     sectors: u64,
     opts: IoOpts,
     send: bool,
-) -> Result<Bytes> {
+) -> impl Future<Output = Result<Bytes>> + Send + '_ {
     if send {
-        dev.read_to_send(start, sectors, opts).await
+        futures_util::future::Either::Left(dev.read_to_send(start, sectors, opts))
     } else {
-        dev.read(start, sectors, opts).await
+        futures_util::future::Either::Right(dev.read(start, sectors, opts))
     }
 }
 

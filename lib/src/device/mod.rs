@@ -230,6 +230,31 @@ macro_rules! write_through_parts {
 }
 pub(crate) use write_through_parts;
 
+/// Writes [`BlockDevice::read`] and [`BlockDevice::read_to_send`] for a layer that takes
+/// both through one path: `|self| FUNCTION(start, sectors, opts, send)`, `send` true for
+/// `read_to_send`; that function's future as it is (see [`write_through_parts`]).
+macro_rules! read_through_bytes {
+    (|$s:ident| $f:ident) => {
+        fn read(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<bytes::Bytes>> + Send {
+            $s.$f(start, sectors, opts, false)
+        }
+        fn read_to_send(
+            &$s,
+            start: u64,
+            sectors: u64,
+            opts: $crate::IoOpts,
+        ) -> impl Future<Output = $crate::Result<bytes::Bytes>> + Send {
+            $s.$f(start, sectors, opts, true)
+        }
+    };
+}
+pub(crate) use read_through_bytes;
+
 mod checks;
 mod erased;
 mod info;

@@ -485,23 +485,34 @@ impl<D: BlockDevice> Queue<D> {
 
     /// A read into bytes of the device's (`send`: its `read_to_send`), or into one buffer
     /// when the policy cuts it into pieces.
-    async fn read_bytes(
+    /// (An `async move` block, not an `async fn`: see `write_through_parts`.)
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn read_bytes(
         &self,
         start: u64,
         sectors: u64,
         opts: IoOpts,
         send: bool,
-    ) -> Result<Bytes> {
-        self.dev.info().check(start, sectors)?;
-        if self.pieces(OpKind::Read, opts, sectors).is_some() {
-            let mut v = vec![0u8; sectors as usize * 512];
-            self.read_into(start, &mut v, opts).await?;
-            return Ok(Bytes::from(v));
+    ) -> impl Future<Output = Result<Bytes>> + Send + '_ {
+        async move {
+            self.dev.info().check(start, sectors)?;
+            if self.pieces(OpKind::Read, opts, sectors).is_some() {
+                // Boxed: the rare path kept out of the common one's future.
+                return Box::pin(async move {
+                    let mut v = vec![0u8; sectors as usize * 512];
+                    self.read_into(start, &mut v, opts).await?;
+                    Ok(Bytes::from(v))
+                })
+                .await;
+            }
+            self.run(OpKind::Read, sectors * 512, opts, |k| {
+                crate::device::read_or_send(&self.dev, start, sectors, with_kind(opts, k), send)
+            })
+            .await
         }
-        self.run(OpKind::Read, sectors * 512, opts, |k| {
-            crate::device::read_or_send(&self.dev, start, sectors, with_kind(opts, k), send)
-        })
-        .await
     }
 
     fn meta(op: OpKind, opts: IoOpts, sectors: u64) -> Meta {
@@ -709,15 +720,9 @@ impl<D: BlockDevice> BlockDevice for Queue<D> {
         self.dev.info()
     }
 
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.read_bytes(start, sectors, opts, false).await
-    }
-
-    /// As [`read`](Self::read), each attempt the device's `read_to_send` (a request cut
-    /// into pieces by the policy is read into one buffer, a copy).
-    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.read_bytes(start, sectors, opts, true).await
-    }
+    // `read_to_send`: each attempt the device's `read_to_send` (a request cut into pieces
+    // by the policy is read into one buffer, a copy).
+    crate::device::read_through_bytes!(|self| read_bytes);
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(self.dev.info(), buf.len())?;

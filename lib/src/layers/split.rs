@@ -127,21 +127,31 @@ impl<D: BlockDevice> Split<D> {
     /// A read into bytes: the device's as they come when not split (`send`: its
     /// `read_to_send`), else each piece straight into its place in one buffer (one copy,
     /// not two).
-    async fn read_bytes(
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn read_bytes(
         &self,
         start: u64,
         sectors: u64,
         opts: IoOpts,
         send: bool,
-    ) -> Result<Bytes> {
-        self.info.check(start, sectors)?;
-        let first = self.splitter.split(Op::Read, start, sectors)?.next();
-        if first.is_some_and(|p| p.sectors == sectors) {
-            return crate::device::read_or_send(&self.dev, start, sectors, opts, send).await;
+    ) -> impl Future<Output = Result<Bytes>> + Send + '_ {
+        async move {
+            self.info.check(start, sectors)?;
+            let first = self.splitter.split(Op::Read, start, sectors)?.next();
+            if first.is_some_and(|p| p.sectors == sectors) {
+                return crate::device::read_or_send(&self.dev, start, sectors, opts, send).await;
+            }
+            // Boxed: the rare path kept out of the common one's future.
+            Box::pin(async move {
+                let mut buf = vec![0u8; sectors as usize * 512];
+                self.read_into(start, &mut buf, opts).await?;
+                Ok(Bytes::from(buf))
+            })
+            .await
         }
-        let mut buf = vec![0u8; sectors as usize * 512];
-        self.read_into(start, &mut buf, opts).await?;
-        Ok(Bytes::from(buf))
     }
 }
 
@@ -150,14 +160,8 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         &self.info
     }
 
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.read_bytes(start, sectors, opts, false).await
-    }
-
-    /// As [`read`](Self::read), through the device's `read_to_send` when not split.
-    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.read_bytes(start, sectors, opts, true).await
-    }
+    // `read_to_send`: through the device's `read_to_send` when not split.
+    crate::device::read_through_bytes!(|self| read_bytes);
 
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;

@@ -512,41 +512,63 @@ impl Striped {
         Ok(())
     }
 
-    async fn read_piece(&self, p: Piece, opts: IoOpts, send: bool) -> Result<Bytes> {
-        let (first, other) = self.sides(&p);
-        let read = |c: usize| {
-            crate::device::read_or_send(&self.components[c], p.cblk, p.count, opts, send)
-        };
-        match read(first).await {
-            Ok(b) => Ok(b),
-            Err(e) => {
-                let Some(other) = other else {
-                    return Err(component(first, Some(p.lblk), e));
-                };
-                read(other)
-                    .await
-                    .map_err(|_| component(first, Some(p.lblk), e))
-            }
+    /// One piece read from its component, or its mirror side where the first fails.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn read_piece(
+        &self,
+        p: Piece,
+        opts: IoOpts,
+        send: bool,
+    ) -> impl Future<Output = Result<Bytes>> + Send + '_ {
+        async move {
+            let (first, other) = self.sides(&p);
+            let read = |c: usize| {
+                crate::device::read_or_send(&self.components[c], p.cblk, p.count, opts, send)
+            };
+            let e = match read(first).await {
+                Ok(b) => return Ok(b),
+                Err(e) => e,
+            };
+            let Some(other) = other else {
+                return Err(component(first, Some(p.lblk), e));
+            };
+            read(other)
+                .await
+                .map_err(|_| component(first, Some(p.lblk), e))
         }
     }
 
     /// A read into bytes: one piece's as its component gives them (`send`: its
     /// `read_to_send`); several gathered into one buffer.
-    async fn read_bytes(
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future keeps its arguments twice"
+    )]
+    fn read_bytes(
         &self,
         start: u64,
         sectors: u64,
         opts: IoOpts,
         send: bool,
-    ) -> Result<Bytes> {
-        self.info.check(start, sectors)?;
-        let first = self.geometry.map(start, sectors)?.merged().next();
-        if let Some(p) = first.filter(|p| p.count == sectors) {
-            // One piece: the component's bytes as they come, no copy here.
-            return self.read_piece(p, opts, send).await;
+    ) -> impl Future<Output = Result<Bytes>> + Send + '_ {
+        async move {
+            self.info.check(start, sectors)?;
+            let first = self.geometry.map(start, sectors)?.merged().next();
+            if let Some(p) = first.filter(|p| p.count == sectors) {
+                // One piece: the component's bytes as they come, no copy here.
+                return self.read_piece(p, opts, send).await;
+            }
+            // Boxed: the rare path kept out of the common one's future.
+            Box::pin(self.read_gathered(start, sectors, opts)).await
         }
-        // Several: each read straight into its place in one buffer (one copy, not two), a
-        // kept one where there is one (every byte of it is read over).
+    }
+
+    /// A read of several pieces: each read straight into its place in one buffer (one
+    /// copy, not two), a kept one where there is one (every byte of it is read over).
+    async fn read_gathered(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
         let len = sectors as usize * 512;
         let mut buf = self.gathered.take(len).unwrap_or_else(|| vec![0u8; len]);
         match self.read_into(start, &mut buf[..len], opts).await {
@@ -705,14 +727,8 @@ impl BlockDevice for Striped {
         &self.info
     }
 
-    async fn read(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.read_bytes(start, sectors, opts, false).await
-    }
-
-    /// As [`read`](Self::read); a read of one piece is its component's `read_to_send`.
-    async fn read_to_send(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<Bytes> {
-        self.read_bytes(start, sectors, opts, true).await
-    }
+    // `read_to_send`: a read of one piece is its component's `read_to_send`.
+    crate::device::read_through_bytes!(|self| read_bytes);
 
     /// Each piece as its component gives it (`read_to_send`): the pieces back to back on one
     /// component read as one run (one command, as `read_into` sends), then cut into the
