@@ -395,10 +395,12 @@ impl Striped {
     ) -> impl Future<Output = Result<()>> + Send + '_ {
         async move {
             // The map's iterators are not kept across the writes.
-            let one = {
-                let merged = self.geometry.map(start, sectors)?.merged();
-                merged.clone().next().filter(|p| p.count == sectors)
-            };
+            let one = self
+                .geometry
+                .map(start, sectors)?
+                .merged()
+                .next()
+                .filter(|p| p.count == sectors);
             let Some(p) = one else {
                 // Boxed: the pieces' joined futures kept out of the one-piece path's.
                 let pieces = self.geometry.map(start, sectors)?.merged().collect();
