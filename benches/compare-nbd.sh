@@ -33,7 +33,8 @@
 # Workloads ($WORKLOADS): 4k-randread, 4k-randwrite (QD32), 64k-randrw (50/50, QD16),
 #   1m-write, 1m-read (sequential, QD16).
 # Each cell is the median of RUNS runs, the servers in turn (each run led by the next); the
-# ratio is tagstripe against the best of the peers; CPU is each server's user + system
+# ratio is tagstripe against the best of the peers (with RUNS > 1 the spread follows: the
+# least and the most of the runs' own ratios, each run's servers measured back to back); CPU is each server's user + system
 # seconds (from /proc) per GiB moved. The shm and O_DIRECT rows also print the device alone:
 # fio (io_uring) on the file or loop device itself, the same workload and jobs; where 1.2x
 # the best peer is more than that, no server can reach it (counted at the end). Not the loop
@@ -359,6 +360,14 @@ else: c=min(k); print(round(c,2), round(min(int(sys.argv[4]), int(sys.argv[5]))/
           fi
           ((out_of_reach == 0)) || unreachable=$((unreachable + 1))
           ((out_of_reach == 1)) || { reachable=$((reachable + 1)); $py -c "import sys; sys.exit(0 if $a >= 1.2*$best else 1)" && reach_met=$((reach_met + 1)); }
+        fi
+        if ((runs > 1)); then
+          # The spread: each run's ratio (its servers measured back to back), least to most.
+          note="$note; runs $($py -c 'import sys
+t, k, q = (list(map(float, a.split())) for a in sys.argv[1:4])
+stripe, direct = sys.argv[4] == "1", sys.argv[5] == "1"
+r = sorted(a / max(b if stripe else (c if direct else max(b, c)), 1) for a, b, c in zip(t, k, q))
+print(f"{r[0]:.2f}-{r[-1]:.2f}x")' "${ts[*]}" "${kit[*]}" "${qn[*]}" "$([[ $kind == stripe* ]] && echo 1 || echo 0)" "$([[ $kind == direct ]] && echo 1 || echo 0)")"
         fi
         printf '%-13s %-5s %-4s %-13s %10s %10s %10s %6sx   %s %s %s%s\n' "$kind" "$tr" "$jobs" "$w" "$a" "$b" "$c" "$ratio" "$ca" "$cb" "$cc" "$note"
       done
