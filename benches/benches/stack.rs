@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, IoOpts, MemDevice, Recorder, TenantSpec, Tenants, Volume};
+use tagstripe::{BlockDevice, IoOpts, MemDevice, Queue, Recorder, TenantSpec, Tenants, Volume};
 
 const COMP_SECTORS: u64 = 256 * 2048; // 256 MiB each
 
@@ -274,6 +274,23 @@ fn bench_stack(c: &mut Criterion) {
             single.block_on(async {
                 for (s, _, _) in next.by_ref().take(batch as usize) {
                     vol.write(*s, data4k.clone(), IoOpts::new()).await.unwrap();
+                }
+            })
+        })
+    });
+    // The same writes through a tagged queue over each device alone (the queue's fair
+    // policy, as a volume's components get): the queue's share of the layers' cost.
+    let queued: Vec<Queue<Arc<MemDevice>>> =
+        devs.iter().map(|d| Queue::new(Arc::clone(d))).collect();
+    g.bench_function(BenchmarkId::new("4k-write", "qd1-queued"), |b| {
+        let mut next = blocks.iter().cycle();
+        b.iter(|| {
+            single.block_on(async {
+                for &(_, d, at) in next.by_ref().take(batch as usize) {
+                    queued[d]
+                        .write(at, data4k.clone(), IoOpts::new())
+                        .await
+                        .unwrap();
                 }
             })
         })
