@@ -124,6 +124,32 @@ fn random_block(x: &mut u64, total: u64) -> u64 {
     *x % (total / 8) * 8
 }
 
+/// 4 KiB writes one at a time on `single`'s thread, each block of `blocks` (volume sector,
+/// component, component sector) written to `devs[component]` at its component sector:
+/// `stack/4k-write/NAME`, in batches of 2,048.
+fn one_at_a_time<D: BlockDevice>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    single: &tokio::runtime::Runtime,
+    blocks: &[(u64, usize, u64)],
+    devs: &[D],
+    data: &Bytes,
+) {
+    g.bench_function(BenchmarkId::new("4k-write", name), |b| {
+        let mut next = blocks.iter().cycle();
+        b.iter(|| {
+            single.block_on(async {
+                for &(_, d, at) in next.by_ref().take(2048) {
+                    devs[d]
+                        .write(at, data.clone(), IoOpts::new())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+    });
+}
+
 fn bench_stack(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -282,32 +308,8 @@ fn bench_stack(c: &mut Criterion) {
     // policy, as a volume's components get): the queue's share of the layers' cost.
     let queued: Vec<Queue<Arc<MemDevice>>> =
         devs.iter().map(|d| Queue::new(Arc::clone(d))).collect();
-    g.bench_function(BenchmarkId::new("4k-write", "qd1-queued"), |b| {
-        let mut next = blocks.iter().cycle();
-        b.iter(|| {
-            single.block_on(async {
-                for &(_, d, at) in next.by_ref().take(batch as usize) {
-                    queued[d]
-                        .write(at, data4k.clone(), IoOpts::new())
-                        .await
-                        .unwrap();
-                }
-            })
-        })
-    });
-    g.bench_function(BenchmarkId::new("4k-write", "qd1-device"), |b| {
-        let mut next = blocks.iter().cycle();
-        b.iter(|| {
-            single.block_on(async {
-                for &(_, d, at) in next.by_ref().take(batch as usize) {
-                    devs[d]
-                        .write(at, data4k.clone(), IoOpts::new())
-                        .await
-                        .unwrap();
-                }
-            })
-        })
-    });
+    one_at_a_time(&mut g, "qd1-queued", &single, &blocks, &queued, &data4k);
+    one_at_a_time(&mut g, "qd1-device", &single, &blocks, &devs, &data4k);
 
     // 4 KiB random reads, 32 in flight: each iteration runs a batch of 32 * 64 reads; then
     // the same through one tenant of a `Tenants` over the volume (its scheduler's cost).
