@@ -34,10 +34,11 @@
 #   1m-write, 1m-read (sequential, QD16).
 # Each cell is the median of RUNS runs, the servers in turn (each run led by the next); the
 # ratio is tagstripe against the best of the peers (with RUNS > 1 the spread follows: the
-# least and the most of the runs' own ratios, each run's servers measured back to back); CPU is each server's user + system
-# seconds (from /proc) per GiB moved. The shm and O_DIRECT rows also print the device alone:
-# fio (io_uring) on the file or loop device itself, the same workload and jobs; where 1.2x
-# the best peer is more than that, no server can reach it (counted at the end). Not the loop
+# least and the most of the runs' own ratios, each run's servers measured back to back);
+# CPU is each server's user + system seconds (from /proc) per GiB moved. The shm and
+# O_DIRECT rows also print the device alone: fio (io_uring) on the file or loop device
+# itself, the same workload and jobs; where 1.2x the best peer is more than that, no server
+# can reach it (counted at the end). Not the loop
 # rows: io_uring through a block device's page cache hands each request to a kernel worker
 # and is no measure of it (4 KiB random reads: 78 k/s alone, 202 k/s served by tagstripe).
 # Every row also prints the client's ceiling: fio's own CPU a request (user + system, from its

@@ -126,7 +126,7 @@ fn random_block(x: &mut u64, total: u64) -> u64 {
 
 /// 4 KiB writes one at a time on `single`'s thread, each block of `blocks` (volume sector,
 /// component, component sector) written to `devs[component]` at its component sector:
-/// `stack/4k-write/NAME`, in batches of 2,048.
+/// `stack/4k-write/NAME`, `batch` writes an iteration.
 fn one_at_a_time<D: BlockDevice>(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
@@ -134,12 +134,13 @@ fn one_at_a_time<D: BlockDevice>(
     blocks: &[(u64, usize, u64)],
     devs: &[D],
     data: &Bytes,
+    batch: usize,
 ) {
     g.bench_function(BenchmarkId::new("4k-write", name), |b| {
         let mut next = blocks.iter().cycle();
         b.iter(|| {
             single.block_on(async {
-                for &(_, d, at) in next.by_ref().take(2048) {
+                for &(_, d, at) in next.by_ref().take(batch) {
                     devs[d]
                         .write(at, data.clone(), IoOpts::new())
                         .await
@@ -308,8 +309,24 @@ fn bench_stack(c: &mut Criterion) {
     // policy, as a volume's components get): the queue's share of the layers' cost.
     let queued: Vec<Queue<Arc<MemDevice>>> =
         devs.iter().map(|d| Queue::new(Arc::clone(d))).collect();
-    one_at_a_time(&mut g, "qd1-queued", &single, &blocks, &queued, &data4k);
-    one_at_a_time(&mut g, "qd1-device", &single, &blocks, &devs, &data4k);
+    one_at_a_time(
+        &mut g,
+        "qd1-queued",
+        &single,
+        &blocks,
+        &queued,
+        &data4k,
+        batch as usize,
+    );
+    one_at_a_time(
+        &mut g,
+        "qd1-device",
+        &single,
+        &blocks,
+        &devs,
+        &data4k,
+        batch as usize,
+    );
 
     // 4 KiB random reads, 32 in flight: each iteration runs a batch of 32 * 64 reads; then
     // the same through one tenant of a `Tenants` over the volume (its scheduler's cost).
