@@ -191,36 +191,55 @@ impl DeviceInfo {
     /// [`Error::Overflow`](crate::Error::Overflow), [`Error::OutOfRange`](crate::Error::OutOfRange), [`Error::Misaligned`](crate::Error::Misaligned) or
     /// [`Error::BadLength`](crate::Error::BadLength) for zero sectors.
     pub fn check(&self, start: u64, sectors: u64) -> Result<()> {
-        let device = || self.name.clone();
-        if sectors == 0 {
-            return Err(Error::BadLength {
-                device: device(),
-                what: "zero-length request".to_owned(),
-            });
+        // Every layer checks every request: the common case in a few instructions (a mask,
+        // not two divisions, for a logical block of a power of two sectors), the error's
+        // detail on the cold path.
+        let lbs = self.limits.lbs_sectors();
+        let aligned = if lbs.is_power_of_two() {
+            (start | sectors) & (lbs - 1) == 0
+        } else {
+            start % lbs == 0 && sectors % lbs == 0
+        };
+        let inside = start
+            .checked_add(sectors)
+            .is_some_and(|end| end <= self.sectors);
+        if sectors != 0 && inside && aligned {
+            return Ok(());
         }
-        let end = start.checked_add(sectors).ok_or_else(|| Error::Overflow {
-            device: device(),
-            start,
-            sectors,
-        })?;
-        if end > self.sectors {
-            return Err(Error::OutOfRange {
-                device: device(),
+        Err(self.refusal(start, sectors))
+    }
+
+    /// Why [`check`](Self::check) refused `[start, start + sectors)`.
+    #[cold]
+    fn refusal(&self, start: u64, sectors: u64) -> Error {
+        let device = self.name.clone();
+        if sectors == 0 {
+            return Error::BadLength {
+                device,
+                what: "zero-length request".to_owned(),
+            };
+        }
+        if start.checked_add(sectors).is_none() {
+            return Error::Overflow {
+                device,
+                start,
+                sectors,
+            };
+        }
+        if start + sectors > self.sectors {
+            return Error::OutOfRange {
+                device,
                 start,
                 sectors,
                 size: self.sectors,
-            });
+            };
         }
-        let lbs = self.limits.lbs_sectors();
-        if start % lbs != 0 || sectors % lbs != 0 {
-            return Err(Error::Misaligned {
-                device: device(),
-                start,
-                sectors,
-                lbs,
-            });
+        Error::Misaligned {
+            device,
+            start,
+            sectors,
+            lbs: self.limits.lbs_sectors(),
         }
-        Ok(())
     }
 
     /// Checks a write: writable, whole sectors, in range.
@@ -263,5 +282,50 @@ impl DeviceInfo {
             });
         }
         self.check(start, sectors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(info: &DeviceInfo, start: u64, sectors: u64) -> &'static str {
+        match info.check(start, sectors) {
+            Ok(()) => "ok",
+            Err(Error::BadLength { .. }) => "empty",
+            Err(Error::Overflow { .. }) => "overflow",
+            Err(Error::OutOfRange { .. }) => "range",
+            Err(Error::Misaligned { lbs, .. }) => {
+                assert_eq!(lbs, info.limits.lbs_sectors());
+                "misaligned"
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn a_check_names_the_first_thing_wrong_with_a_range_for_any_logical_block() {
+        // 4 KiB blocks (a mask), 1.5 KiB blocks (a division), 512-byte sectors.
+        for (lbs_bytes, lbs) in [(4096u32, 8u64), (1536, 3), (512, 1)] {
+            let mut info = DeviceInfo::new("d", 96);
+            info.limits.logical_block_size = lbs_bytes;
+            assert_eq!(refused(&info, 0, lbs), "ok");
+            assert_eq!(refused(&info, 96 - lbs, lbs), "ok", "the last block");
+            assert_eq!(refused(&info, 0, 96), "ok", "the whole device");
+            assert_eq!(refused(&info, 0, 0), "empty");
+            assert_eq!(refused(&info, 1, 0), "empty", "empty before misaligned");
+            assert_eq!(refused(&info, u64::MAX, 2), "overflow");
+            assert_eq!(refused(&info, 96, lbs), "range");
+            assert_eq!(
+                refused(&info, 95, 2),
+                "range",
+                "out of range before misaligned"
+            );
+            if lbs > 1 {
+                assert_eq!(refused(&info, 1, lbs), "misaligned");
+                assert_eq!(refused(&info, 0, lbs + 1), "misaligned");
+                assert_eq!(refused(&info, lbs, 2 * lbs - 1), "misaligned");
+            }
+        }
     }
 }

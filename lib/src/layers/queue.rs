@@ -9,7 +9,7 @@ use tagstripe_scheduler::{
     Dir, Event, Fair, FairConfig, IoClass, Meta, Outcome, Policy, QueueConfig, Shape, Tag, TagKind,
     TagQueue,
 };
-use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot};
 use tokio::time::Instant;
 
 use crate::device::Parts;
@@ -43,67 +43,137 @@ impl Drop for Grant {
     }
 }
 
-/// Admission to a queue's host queue, which holds at most `max_pending` requests: a request
-/// that finds it full waits here for room (as a Linux submitter sleeps for a free request)
+/// Room in a pool's host queue, which holds at most `max_pending` requests: a request that
+/// finds it full waits here for room (as a Linux submitter sleeps for a free request)
 /// instead of failing. A 1 MiB write to a device that takes 4 KiB at a time is 256 requests
 /// here, so a few writers fill it.
 ///
 /// Requests of every class but interactive may hold at most three quarters of the room
 /// between them (as Linux's Kyber keeps async requests to 75% of its tags,
-/// `KYBER_ASYNC_PERCENT` in block/kyber-iosched.c), and they wait for that share before
-/// they wait for room: an interactive request finds room at once, and never queues behind
-/// a backlog of bulk submitters.
-#[derive(Debug)]
-struct Admission {
-    /// Room for every request admitted and not yet finished.
-    all: Semaphore,
-    /// The share of `all` that requests of classes other than interactive may hold.
-    lower: Semaphore,
+/// `KYBER_ASYNC_PERCENT` in block/kyber-iosched.c): an interactive request finds room at
+/// once, and never queues behind a backlog of bulk submitters. Those who wait are let in
+/// first come, first served, interactive ones first.
+///
+/// Kept under the queue's lock with the tags (a request is admitted in the same critical
+/// section that submits it, and leaves in the one that completes it), not in semaphores of
+/// its own: two semaphores cost a request four atomic updates and two locks more.
+struct Room {
+    /// Requests admitted and not yet finished: of every class, and of the classes other
+    /// than interactive.
+    all: usize,
+    lower: usize,
+    /// The most of each.
+    max_all: usize,
+    max_lower: usize,
+    /// Submitters waiting for room, in order of arrival: interactive ones, then the others.
+    waiting: [std::collections::VecDeque<oneshot::Sender<Handed>>; 2],
 }
 
-impl Admission {
+impl Room {
     fn new(max_pending: usize) -> Self {
-        let room = max_pending.clamp(4, Semaphore::MAX_PERMITS);
+        let max_all = max_pending.max(4);
         Self {
-            all: Semaphore::new(room),
-            lower: Semaphore::new(room / 4 * 3),
+            all: 0,
+            lower: 0,
+            max_all,
+            max_lower: max_all / 4 * 3,
+            waiting: Default::default(),
         }
     }
 
-    /// Room for one request of `class`, held until the request has finished; `None` if the
-    /// request had to wait for it (the caller then counts its latency from before).
-    fn try_enter(&self, class: IoClass) -> Option<Admitted<'_>> {
-        let lower = if class == IoClass::Interactive {
-            None
-        } else {
-            Some(self.lower.try_acquire().ok()?)
-        };
-        let all = self.all.try_acquire().ok()?;
-        Some(Admitted {
-            _lower: lower,
-            _all: all,
-        })
+    /// Whether a request of `class` may come in now: room for it, and nobody of its kind
+    /// waiting before it.
+    fn may_enter(&self, lower: bool) -> bool {
+        self.all < self.max_all
+            && (!lower || (self.lower < self.max_lower && self.waiting[1].is_empty()))
+            && self.waiting[0].is_empty()
     }
 
-    /// Waits for room for one request of `class`.
-    async fn enter(&self, class: IoClass) -> Option<Admitted<'_>> {
-        let lower = if class == IoClass::Interactive {
-            None
-        } else {
-            Some(self.lower.acquire().await.ok()?)
-        };
-        let all = self.all.acquire().await.ok()?;
-        Some(Admitted {
-            _lower: lower,
-            _all: all,
-        })
+    fn enter(&mut self, lower: bool) {
+        self.all += 1;
+        self.lower += usize::from(lower);
+    }
+
+    fn leave(&mut self, lower: bool) {
+        self.all = self.all.saturating_sub(1);
+        if lower {
+            self.lower = self.lower.saturating_sub(1);
+        }
+    }
+
+    /// Lets in as many waiting submitters as there is room for (interactive ones first),
+    /// each handed its room; one who gave up is passed over, its room kept.
+    fn hand_out(&mut self, shared: &Arc<Mutex<Inner>>) {
+        loop {
+            let lower = if self.all >= self.max_all {
+                return;
+            } else if !self.waiting[0].is_empty() {
+                false
+            } else if self.lower < self.max_lower && !self.waiting[1].is_empty() {
+                true
+            } else {
+                return;
+            };
+            let Some(tx) = self.waiting[usize::from(lower)].pop_front() else {
+                return;
+            };
+            self.enter(lower);
+            let handed = Handed {
+                lower,
+                release: Some(Arc::clone(shared)),
+            };
+            if let Err(mut handed) = tx.send(handed) {
+                // Gone before its turn: the room stays (the lock is held, so not given back
+                // through the token's drop).
+                handed.release = None;
+                self.leave(lower);
+            }
+        }
     }
 }
 
-/// A request's room in the host queue, given back when dropped.
+/// Room handed to a submitter that waited for it. Dropped without being taken up (its
+/// submitter cancelled after it was sent), it gives the room back.
+struct Handed {
+    lower: bool,
+    release: Option<Arc<Mutex<Inner>>>,
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        if let Some(inner) = self.release.take() {
+            let mut g = inner.lock();
+            g.room.leave(self.lower);
+            g.room.hand_out(&inner);
+        }
+    }
+}
+
+/// A request's room in the host queue, given back when dropped (or, as it completes, in
+/// the same critical section: [`Queue::release`]).
 struct Admitted<'a> {
-    _lower: Option<SemaphorePermit<'a>>,
-    _all: SemaphorePermit<'a>,
+    inner: &'a Arc<Mutex<Inner>>,
+    lower: bool,
+    held: bool,
+}
+
+impl Admitted<'_> {
+    /// Gives the room back under the lock the caller holds.
+    fn leave(&mut self, g: &mut Inner) {
+        if std::mem::take(&mut self.held) {
+            g.room.leave(self.lower);
+            g.room.hand_out(self.inner);
+        }
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let mut g = self.inner.lock();
+            self.leave(&mut g);
+        }
+    }
 }
 
 /// Who to tell when a request gets its tag: nobody yet (the submitter is still holding the
@@ -122,6 +192,12 @@ impl std::fmt::Debug for Waiter {
     }
 }
 
+/// How a request got into the host queue: admitted and queued, or waiting for room.
+enum Entered<'a> {
+    Now(Admitted<'a>, Acquired),
+    Wait(oneshot::Receiver<Handed>),
+}
+
 /// How a request got (or will get) its tag.
 enum Acquired {
     Now(Tag, TagKind),
@@ -134,6 +210,8 @@ struct Inner {
     q: TagQueue<Waiter, Box<dyn Policy + Send>>,
     epoch: Instant,
     timer_at: Option<u64>,
+    /// Room in the host queue, shared by the pool's queues.
+    room: Room,
     /// The queue's events go to whoever subscribed ([`QueueHandle::subscribe`]).
     events: broadcast::Sender<Event>,
 }
@@ -269,8 +347,6 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner, now: u64) -> Option<(Tag, Tag
 pub struct Queue<D> {
     dev: D,
     inner: Arc<Mutex<Inner>>,
-    /// Room in the host queue, shared by the queues of one pool.
-    admission: Arc<Admission>,
     stats: Arc<Stats>,
     /// Per class, whether the policy may cut its requests into pieces.
     cuts: [bool; 4],
@@ -284,11 +360,10 @@ impl<D: BlockDevice> Queue<D> {
 
     /// A queue with another policy.
     pub fn with_policy(dev: D, policy: Box<dyn Policy + Send>) -> Self {
-        let (inner, admission, cuts) = pool(&[dev.info()], policy);
+        let (inner, cuts) = pool(&[dev.info()], policy);
         Self {
             cuts,
             inner,
-            admission,
             dev,
             stats: Arc::new(Stats::default()),
         }
@@ -322,12 +397,11 @@ impl<D: BlockDevice> Queue<D> {
             return Vec::new();
         }
         let infos: Vec<&DeviceInfo> = devs.iter().map(BlockDevice::info).collect();
-        let (inner, admission, cuts) = pool(&infos, policy);
+        let (inner, cuts) = pool(&infos, policy);
         devs.into_iter()
             .map(|dev| Self {
                 cuts,
                 inner: Arc::clone(&inner),
-                admission: Arc::clone(&admission),
                 dev,
                 stats: Arc::new(Stats::default()),
             })
@@ -370,37 +444,45 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
-    /// Room in the host queue for a request of `class`: a full queue is waited for, never
-    /// an error. A request that had to wait gets the time it began waiting (the queue's
-    /// clock), to count its latency from.
-    async fn admit(&self, class: IoClass) -> Result<(Admitted<'_>, Option<u64>)> {
-        if let Some(a) = self.admission.try_enter(class) {
-            return Ok((a, None));
+    /// Admits a request (of a class other than interactive if `lower`) to the host queue and
+    /// queues it with this metadata, in one critical section: admitted at once (the common
+    /// case), or told to wait for room (a full host queue is waited for, never an error).
+    /// The queue's clock as it was read.
+    fn enter(&self, meta: Meta, lower: bool) -> Result<(Entered<'_>, u64)> {
+        let mut g = self.inner.lock();
+        let now = g.now();
+        if !g.room.may_enter(lower) {
+            let (tx, rx) = oneshot::channel();
+            g.room.waiting[usize::from(lower)].push_back(tx);
+            return Ok((Entered::Wait(rx), now));
         }
-        let from = self.inner.lock().now();
-        // Boxed: the wait (two semaphores' futures) is the rare path, and a request's future
-        // need not carry room for it (every layer above holds this future inline).
-        match Box::pin(self.admission.enter(class)).await {
-            Some(a) => Ok((a, Some(from))),
-            None => Err(Error::Closed {
-                device: self.dev.info().name.clone(),
-            }),
+        g.room.enter(lower);
+        let mut admitted = Admitted {
+            inner: &self.inner,
+            lower,
+            held: true,
+        };
+        match self.acquire_locked(&mut g, now, meta) {
+            Ok(acq) => Ok((Entered::Now(admitted, acq), now)),
+            Err(e) => {
+                admitted.leave(&mut g);
+                Err(e)
+            }
         }
     }
 
-    /// Queues a request with this metadata: either it is dispatched at once (the common
-    /// case with free openings: no channel at all) or it waits on a channel for its grant.
-    fn acquire(&self, meta: Meta) -> Result<(Acquired, u64)> {
-        let mut g = self.inner.lock();
-        let now = g.now();
+    /// Queues a request with this metadata (under the lock `g`, the clock read as `now`):
+    /// either it is dispatched at once (the common case with free openings: no channel at
+    /// all) or it waits on a channel for its grant.
+    fn acquire_locked(&self, g: &mut Inner, now: u64, meta: Meta) -> Result<Acquired> {
         // Admission keeps the host queue from filling, so a refusal here is not expected.
         let ticket =
             g.q.submit(now, Waiter::Inline, meta)
                 .map_err(|_| Error::QueueFull {
                     device: self.dev.info().name.clone(),
                 })?;
-        if let Some((tag, kind)) = pump(&self.inner, &mut g, now) {
-            return Ok((Acquired::Now(tag, kind), now));
+        if let Some((tag, kind)) = pump(&self.inner, g, now) {
+            return Ok(Acquired::Now(tag, kind));
         }
         let (tx, rx) = oneshot::channel();
         match g.q.pending_mut(ticket) {
@@ -408,12 +490,17 @@ impl<D: BlockDevice> Queue<D> {
             // Not pending and not dispatched to us: cannot happen (the queue only removes a
             // request by dispatching it); fail rather than wait forever.
             None => {
-                return Err(Error::Closed {
-                    device: self.dev.info().name.clone(),
-                });
+                return Err(self.closed());
             }
         }
-        Ok((Acquired::Wait(rx), now))
+        Ok(Acquired::Wait(rx))
+    }
+
+    /// The error for a queue that can no longer answer (a grant or room that cannot come).
+    fn closed(&self) -> Error {
+        Error::Closed {
+            device: self.dev.info().name.clone(),
+        }
     }
 
     /// Takes up a grant: from here a guard gives the tag back if the caller is cancelled.
@@ -429,9 +516,7 @@ impl<D: BlockDevice> Queue<D> {
             Acquired::Wait(rx) => rx,
         };
         let Ok(mut grant) = rx.await else {
-            return Err(Error::Closed {
-                device: self.dev.info().name.clone(),
-            });
+            return Err(self.closed());
         };
         // The guard takes over from the grant's own release.
         grant.release = None;
@@ -443,11 +528,14 @@ impl<D: BlockDevice> Queue<D> {
     }
 
     /// Reports how the device answered; `Some` with a new receiver if the queue retries.
+    /// Else the request is done, and gives back its room in the host queue (`admitted`)
+    /// under the same lock.
     fn release<T>(
         &self,
         mut guard: TagGuard<'_>,
         tag: Tag,
         res: &Result<T>,
+        admitted: Option<&mut Admitted<'_>>,
     ) -> (Option<Acquired>, u64) {
         guard.tag = None;
         let mut g = self.inner.lock();
@@ -478,6 +566,11 @@ impl<D: BlockDevice> Queue<D> {
                 None
             }
         };
+        if again.is_none() {
+            if let Some(a) = admitted {
+                a.leave(&mut g);
+            }
+        }
         // Nothing here was submitted inline, so `pump` hands out no inline grant.
         let _ = pump(&self.inner, &mut g, now);
         (again, now)
@@ -547,10 +640,31 @@ impl<D: BlockDevice> Queue<D> {
     /// Starts a request through the queue: room in the host queue, then a tag (at once, or
     /// a grant to wait for in [`Request::attempt`]).
     async fn begin(&self, op: OpKind, bytes: u64, opts: IoOpts) -> Result<Request<'_, D>> {
-        let (admitted, waited_from) = self.admit(opts.class).await?;
-        // Times come from the queue's clock, read under its lock anyway.
-        let (acq, started) = self.acquire(Self::meta(op, opts, bytes / 512))?;
-        let started = waited_from.unwrap_or(started);
+        let meta = Self::meta(op, opts, bytes / 512);
+        // Times come from the queue's clock, read under its lock anyway; a request that
+        // waited for room counts its latency from before it waited.
+        let (admitted, acq, started) = match self.enter(meta, opts.class != IoClass::Interactive)? {
+            (Entered::Now(admitted, acq), now) => (admitted, acq, now),
+            (Entered::Wait(rx), from) => {
+                let Ok(mut handed) = rx.await else {
+                    return Err(self.closed());
+                };
+                // The guard takes over from the token's own release.
+                handed.release = None;
+                let admitted = Admitted {
+                    inner: &self.inner,
+                    lower: handed.lower,
+                    held: true,
+                };
+                let acq = {
+                    let mut g = self.inner.lock();
+                    let now = g.now();
+                    self.acquire_locked(&mut g, now, meta)
+                };
+                // (On an error the room is given back as `admitted` drops, the lock free.)
+                (admitted, acq?, from)
+            }
+        };
         Ok(Request {
             queue: self,
             op,
@@ -631,9 +745,7 @@ struct Request<'q, D> {
 impl<D: BlockDevice> Request<'_, D> {
     /// Waits for this attempt's tag; the tag kind to send it with.
     async fn attempt(&mut self) -> Result<TagKind> {
-        let acq = self.next.take().ok_or_else(|| Error::Closed {
-            device: self.queue.dev.info().name.clone(),
-        })?;
+        let acq = self.next.take().ok_or_else(|| self.queue.closed())?;
         let (guard, tag, kind) = self.queue.wait(acq).await?;
         self.held = Some((guard, tag));
         Ok(kind)
@@ -644,7 +756,7 @@ impl<D: BlockDevice> Request<'_, D> {
     /// result, counted in the statistics.
     fn answer<T>(&mut self, res: Result<T>) -> Option<Result<T>> {
         if let Some((guard, tag)) = self.held.take() {
-            let (again, at) = self.queue.release(guard, tag, &res);
+            let (again, at) = self.queue.release(guard, tag, &res, self.admitted.as_mut());
             self.ended = at;
             if again.is_some() {
                 self.next = again;
@@ -663,10 +775,7 @@ impl<D: BlockDevice> Request<'_, D> {
 
 /// One tag pool and policy for devices `infos` (at least one): their tags summed (at most
 /// 1,024), the largest of their minimums; named after them all.
-fn pool(
-    infos: &[&DeviceInfo],
-    policy: Box<dyn Policy + Send>,
-) -> (Arc<Mutex<Inner>>, Arc<Admission>, [bool; 4]) {
+fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inner>>, [bool; 4]) {
     let max_tags = infos
         .iter()
         .map(|i| u64::from(i.limits.max_tags.max(1)))
@@ -685,15 +794,15 @@ fn pool(
     };
     let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
     let cuts = IoClass::ALL.map(|c| policy.limits_pieces(c));
-    let admission = Arc::new(Admission::new(cfg.max_pending));
     let inner = Arc::new(Mutex::new(Inner {
         name: names.join(", "),
         q: TagQueue::new(cfg, policy),
         epoch: Instant::now(),
         timer_at: None,
+        room: Room::new(cfg.max_pending),
         events: broadcast::channel(EVENTS).0,
     }));
-    (inner, admission, cuts)
+    (inner, cuts)
 }
 
 /// Requests slower than this are reported (`tracing` warning).
@@ -1055,4 +1164,146 @@ pub(crate) fn queues_for(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemDevice;
+
+    /// A pool of one queue whose host queue holds 8 requests (6 of classes other than
+    /// interactive).
+    fn small_pool() -> Arc<Mutex<Inner>> {
+        let dev = MemDevice::new("m", 64);
+        let (inner, _) = pool(&[dev.info()], Box::new(Fair::new(FairConfig::default())));
+        inner.lock().room = Room::new(8);
+        inner
+    }
+
+    fn wait(inner: &Arc<Mutex<Inner>>, lower: bool) -> oneshot::Receiver<Handed> {
+        let (tx, rx) = oneshot::channel();
+        inner.lock().room.waiting[usize::from(lower)].push_back(tx);
+        rx
+    }
+
+    fn leave(inner: &Arc<Mutex<Inner>>, lower: bool) {
+        let mut g = inner.lock();
+        g.room.leave(lower);
+        g.room.hand_out(inner);
+    }
+
+    fn counts(inner: &Arc<Mutex<Inner>>) -> (usize, usize) {
+        let g = inner.lock();
+        (g.room.all, g.room.lower)
+    }
+
+    #[test]
+    fn lower_classes_fill_three_quarters_and_interactive_the_rest() {
+        let inner = small_pool();
+        let mut g = inner.lock();
+        for _ in 0..6 {
+            assert!(g.room.may_enter(true));
+            g.room.enter(true);
+        }
+        assert!(
+            !g.room.may_enter(true),
+            "three quarters for the lower classes"
+        );
+        assert!(g.room.may_enter(false), "interactive finds room at once");
+        g.room.enter(false);
+        g.room.enter(false);
+        assert!(
+            !g.room.may_enter(false),
+            "and no more than the host queue holds"
+        );
+    }
+
+    #[test]
+    fn waiters_are_let_in_interactive_first_then_in_order_and_room_is_never_lost() {
+        let inner = small_pool();
+        {
+            let mut g = inner.lock();
+            (0..6).for_each(|_| g.room.enter(true));
+            (0..2).for_each(|_| g.room.enter(false));
+        }
+        let mut first = wait(&inner, true);
+        let mut second = wait(&inner, true);
+        let mut urgent = wait(&inner, false);
+        assert!(
+            !inner.lock().room.may_enter(true),
+            "a newcomer queues behind waiters"
+        );
+
+        // An interactive request leaves: room in `all` only, for the interactive waiter.
+        leave(&inner, false);
+        let handed = urgent
+            .try_recv()
+            .expect("the interactive waiter goes first");
+        assert!(!handed.lower);
+        assert!(first.try_recv().is_err() && second.try_recv().is_err());
+        assert_eq!(counts(&inner), (8, 6));
+
+        // A lower request leaves: the first lower waiter, not the second.
+        leave(&inner, true);
+        let got = first.try_recv().expect("first come, first served");
+        assert!(got.lower);
+        assert!(second.try_recv().is_err());
+        assert_eq!(counts(&inner), (8, 6));
+
+        // Room handed to a submitter that gave up before taking it comes back: the token
+        // dropped unreceived (with its receiver) gives it back, and the next waiter gets it.
+        let mut third = wait(&inner, true);
+        drop(got);
+        let handed_on = second
+            .try_recv()
+            .expect("the room went on to the next waiter");
+        drop(second);
+        assert_eq!(counts(&inner), (8, 6));
+        drop(handed_on);
+        let last = third.try_recv().expect("and on again");
+        drop(third);
+        drop(last);
+        assert_eq!(counts(&inner), (7, 5), "a room no one waits for is free");
+
+        // A waiter gone before its turn is passed over, its room kept.
+        drop(handed);
+        assert_eq!(counts(&inner), (6, 5));
+        let gone = wait(&inner, true);
+        drop(gone);
+        leave(&inner, true);
+        assert_eq!(counts(&inner), (5, 4));
+        assert!(
+            inner
+                .lock()
+                .room
+                .waiting
+                .iter()
+                .all(std::collections::VecDeque::is_empty)
+        );
+    }
+
+    #[test]
+    fn a_request_through_the_queue_gives_its_room_back_done_or_cancelled() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let dev = crate::FaultDevice::new(MemDevice::new("m", 64));
+            let q = Queue::new(dev);
+            q.write(0, Bytes::from(vec![1u8; 512]), IoOpts::new())
+                .await
+                .expect("write");
+            assert_eq!(counts(&q.inner), (0, 0), "a completed request leaves");
+            // Cancelled before its first poll, and while at the device: nothing kept.
+            drop(q.write(0, Bytes::from(vec![2u8; 512]), IoOpts::new()));
+            q.dev.set_latency(Duration::from_secs(60));
+            let mut f = Box::pin(q.read(0, 1, IoOpts::new()));
+            assert!(futures_util::FutureExt::now_or_never(f.as_mut()).is_none());
+            assert_eq!(counts(&q.inner), (1, 1), "in flight: admitted");
+            drop(f);
+            assert_eq!(counts(&q.inner), (0, 0));
+            assert_eq!(q.handle().in_flight(), 0, "and its tag given back");
+        });
+    }
 }
