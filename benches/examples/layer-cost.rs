@@ -53,8 +53,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // A random block of the volume, or of a random device.
             let (dev, block) = ((x >> 40) as usize % 4, x % (COMP_SECTORS / 8) * 8);
             match mode.as_str() {
-                "volume" => vol.write(x % (total / 8) * 8, data.clone(), IoOpts::new()).await?,
-                "queued" => queued[dev].write(block, data.clone(), IoOpts::new()).await?,
+                "volume" => {
+                    vol.write(x % (total / 8) * 8, data.clone(), IoOpts::new())
+                        .await?
+                }
+                "queued" => {
+                    queued[dev]
+                        .write(block, data.clone(), IoOpts::new())
+                        .await?
+                }
                 _ => devs[dev].write(block, data.clone(), IoOpts::new()).await?,
             }
         }

@@ -38,7 +38,8 @@ pub use disk::{
 };
 pub use error::Error;
 pub use policy::{
-    Choice, Deadline, Fair, FairConfig, Fifo, Head, PeriodicOrdered, Policy, Release, Shape, View,
+    Choice, Deadline, Fair, FairConfig, Fifo, Head, PeriodicOrdered, Policy, Release, Shape,
+    ShapeKey, View,
 };
 pub use queue::{QueueConfig, TagQueue};
 pub use rng::Rng;

@@ -111,6 +111,44 @@ pub trait Policy: std::fmt::Debug {
     fn shape(&self) -> Option<Shape> {
         None
     }
+
+    /// What of [`shape`](Self::shape) a change of is reported ([`crate::Event::Shaped`]):
+    /// its budget, its piece size and whether it keeps a drain floor. Asked after every
+    /// completion, so a policy whose `shape` takes work may answer it more cheaply; the
+    /// default asks `shape`.
+    fn shape_key(&self) -> Option<ShapeKey> {
+        self.shape().map(|s| ShapeKey::of(&s))
+    }
+}
+
+/// The part of a [`Shape`] whose changes are reported: see [`Policy::shape_key`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShapeKey {
+    /// [`Shape::budget_sectors`].
+    pub budget_sectors: u64,
+    /// [`Shape::piece_sectors`].
+    pub piece_sectors: u64,
+    /// Whether [`Shape::drain_floor_sectors`] is set.
+    pub draining: bool,
+}
+
+impl ShapeKey {
+    /// The key of `shape`.
+    ///
+    /// ```
+    /// use tagstripe_scheduler::{Fair, FairConfig, Policy, ShapeKey};
+    /// let p = Fair::new(FairConfig::default());
+    /// let shape = p.shape().unwrap();
+    /// assert_eq!(p.shape_key(), Some(ShapeKey::of(&shape)));
+    /// ```
+    #[must_use]
+    pub fn of(shape: &Shape) -> Self {
+        Self {
+            budget_sectors: shape.budget_sectors,
+            piece_sectors: shape.piece_sectors,
+            draining: shape.drain_floor_sectors.is_some(),
+        }
+    }
 }
 
 impl<P: Policy + ?Sized> Policy for Box<P> {
@@ -137,6 +175,9 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn shape(&self) -> Option<Shape> {
         (**self).shape()
+    }
+    fn shape_key(&self) -> Option<ShapeKey> {
+        (**self).shape_key()
     }
 }
 
@@ -713,7 +754,12 @@ impl Fair {
     /// down to a power of two) while draining ahead of a regular reader, else a quarter of
     /// the budget.
     fn piece_now(&self) -> u64 {
-        match self.regular() {
+        self.piece_for(self.regular())
+    }
+
+    /// [`piece_now`](Self::piece_now) for what [`regular`](Self::regular) says.
+    fn piece_for(&self, regular: Option<(Nanos, u64, u64)>) -> u64 {
+        match regular {
             Some((_, _, floor)) => {
                 // A power of two (whole pages from 8 sectors up), so the piece size does not
                 // change with every new sample of the drain rate.
@@ -1065,6 +1111,16 @@ impl Policy for Fair {
             target_ns: self.target(),
             baseline_ns: self.baseline(),
             drain_floor_sectors: self.regular().map(|(_, _, floor)| floor),
+        })
+    }
+
+    /// Without the target and baseline `shape` works out.
+    fn shape_key(&self) -> Option<ShapeKey> {
+        let regular = self.regular();
+        Some(ShapeKey {
+            budget_sectors: self.budget,
+            piece_sectors: self.piece_for(regular),
+            draining: regular.is_some(),
         })
     }
 }

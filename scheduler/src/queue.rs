@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::policy::{Choice, Head, Policy, Release, Shape, View};
+use crate::policy::{Choice, Head, Policy, Release, Shape, ShapeKey, View};
 use crate::{
     Dispatch, Error, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind,
     Ticket,
@@ -103,7 +103,7 @@ pub struct TagQueue<R, P> {
     drain_for: Option<IoClass>,
     closed: bool,
     /// The policy's shaping as last reported (budget, piece, whether draining ahead).
-    last_shape: Option<(u64, u64, bool)>,
+    last_shape: Option<ShapeKey>,
 }
 
 impl<R, P: Policy> TagQueue<R, P> {
@@ -485,17 +485,10 @@ impl<R, P: Policy> TagQueue<R, P> {
 
     /// Queues an [`Event::Shaped`] if the policy's shaping changed.
     fn note_shape(&mut self) {
-        let now = self.policy.shape();
-        let key = now.map(|s| {
-            (
-                s.budget_sectors,
-                s.piece_sectors,
-                s.drain_floor_sectors.is_some(),
-            )
-        });
+        let key = self.policy.shape_key();
         if key != self.last_shape {
             self.last_shape = key;
-            if let Some(s) = now {
+            if let Some(s) = self.policy.shape() {
                 self.events.push_back(Event::Shaped(s));
             }
         }

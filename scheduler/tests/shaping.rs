@@ -10,7 +10,8 @@ use std::collections::BinaryHeap;
 
 use proptest::prelude::*;
 use tagstripe_scheduler::{
-    Dir, Event, Fair, FairConfig, IoClass, Meta, Nanos, Outcome, QueueConfig, TagKind, TagQueue,
+    Dir, Event, Fair, FairConfig, IoClass, Meta, Nanos, Outcome, Policy, QueueConfig, TagKind,
+    TagQueue,
 };
 
 /// A device with `par` commands in service at once, the rest waiting in order (a
@@ -374,6 +375,13 @@ fn reader_beside_bulk(fair: FairConfig, thinks: &[Nanos], secs: u64) -> Beside {
             let (tag, req, sectors) = fifo.pop_front().expect("the device was busy");
             q.handle_completion(now, tagstripe_scheduler::Tag(tag), Outcome::Done)
                 .unwrap();
+            // The key of a change the queue watches, which Fair works out on its own (without
+            // the target and baseline), is its shape's, draining ahead or not.
+            let fair: &dyn Policy = q.policy();
+            assert_eq!(
+                fair.shape_key(),
+                fair.shape().map(|s| tagstripe_scheduler::ShapeKey::of(&s))
+            );
             match req {
                 Some(at) => {
                     out.read_latency.push(now - at);

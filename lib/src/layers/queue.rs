@@ -214,6 +214,8 @@ struct Inner {
     room: Room,
     /// The queue's events go to whoever subscribed ([`QueueHandle::subscribe`]).
     events: broadcast::Sender<Event>,
+    /// Whether anyone ever subscribed (until then no event is sent).
+    subscribed: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -300,7 +302,8 @@ fn pump(shared: &Arc<Mutex<Inner>>, g: &mut Inner, now: u64) -> Option<(Tag, Tag
             ),
             _ => {}
         }
-        if g.events.receiver_count() > 0 {
+        // (Not `receiver_count`, which takes the channel's lock: for every completion.)
+        if g.subscribed {
             let _ = g.events.send(e);
         }
     }
@@ -801,6 +804,7 @@ fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inn
         timer_at: None,
         room: Room::new(cfg.max_pending),
         events: broadcast::channel(EVENTS).0,
+        subscribed: false,
     }));
     (inner, cuts)
 }
@@ -1131,7 +1135,9 @@ impl QueueHandle {
     /// loses the oldest ([`broadcast::error::RecvError::Lagged`]).
     #[must_use]
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.inner.lock().events.subscribe()
+        let mut g = self.inner.lock();
+        g.subscribed = true;
+        g.events.subscribe()
     }
 }
 
