@@ -103,7 +103,20 @@ impl Room {
 
     /// Lets in as many waiting submitters as there is room for (interactive ones first),
     /// each handed its room; one who gave up is passed over, its room kept.
+    #[inline]
     fn hand_out(&mut self, shared: &Arc<Mutex<Inner>>) {
+        if self
+            .waiting
+            .iter()
+            .all(std::collections::VecDeque::is_empty)
+        {
+            return;
+        }
+        self.hand_out_waiting(shared);
+    }
+
+    /// [`hand_out`](Self::hand_out) with someone waiting.
+    fn hand_out_waiting(&mut self, shared: &Arc<Mutex<Inner>>) {
         loop {
             let lower = if self.all >= self.max_all {
                 return;
