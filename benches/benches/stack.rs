@@ -17,22 +17,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tagstripe::quirks::QuirkSet;
 use tagstripe::{BlockDevice, IoOpts, MemDevice, Queue, Recorder, TenantSpec, Tenants, Volume};
+use tagstripe_benches::random_block;
 
 const COMP_SECTORS: u64 = 256 * 2048; // 256 MiB each
 
 /// The volume, and the memory devices under it.
 fn volume() -> (Volume, Vec<Arc<MemDevice>>) {
-    let devs: Vec<Arc<MemDevice>> = (0..4)
-        .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), COMP_SECTORS)))
-        .collect();
-    let vol = Volume::builder(devs.iter().cloned())
-        .interleave(512)
-        .quirks(QuirkSet::empty())
-        .build()
-        .expect("volume");
-    (vol, devs)
+    tagstripe_benches::memory_volume(COMP_SECTORS)
 }
 
 /// 16 MiB read as the volume lays it out (a 256 KiB piece from each device per MiB) straight
@@ -114,14 +106,6 @@ fn paired(what: &str, mut direct: impl FnMut(), mut stacked: impl FnMut()) {
         q(0.75),
         q(0.5)
     );
-}
-
-/// The next random 4 KiB block of a volume of `total` sectors (xorshift).
-fn random_block(x: &mut u64, total: u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x % (total / 8) * 8
 }
 
 /// 4 KiB writes one at a time on `single`'s thread, each block of `blocks` (volume sector,

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tagstripe::quirks::QuirkSet;
-use tagstripe::{BlockDevice, IoOpts, MemDevice, Queue, Volume};
+use tagstripe::{BlockDevice, IoOpts, MemDevice, Queue};
+use tagstripe_benches::random_block;
 
 /// Each memory device's size (32 MiB: a 128 MiB volume).
 const COMP_SECTORS: u64 = 65_536;
@@ -26,13 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !["volume", "queued", "device"].contains(&mode.as_str()) {
         return Err(format!("MODE is volume, queued or device, not {mode:?}").into());
     }
-    let devs: Vec<Arc<MemDevice>> = (0..4)
-        .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), COMP_SECTORS)))
-        .collect();
-    let vol = Volume::builder(devs.iter().cloned())
-        .interleave(512)
-        .quirks(QuirkSet::empty())
-        .build()?;
+    let (vol, devs) = tagstripe_benches::memory_volume(COMP_SECTORS);
     let queued: Vec<Queue<Arc<MemDevice>>> =
         devs.iter().map(|d| Queue::new(Arc::clone(d))).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -47,16 +41,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         for _ in 0..count {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
             // A random block of the volume, or of a random device.
+            let at = random_block(&mut x, total);
             let (dev, block) = ((x >> 40) as usize % 4, x % (COMP_SECTORS / 8) * 8);
             match mode.as_str() {
-                "volume" => {
-                    vol.write(x % (total / 8) * 8, data.clone(), IoOpts::new())
-                        .await?
-                }
+                "volume" => vol.write(at, data.clone(), IoOpts::new()).await?,
                 "queued" => {
                     queued[dev]
                         .write(block, data.clone(), IoOpts::new())
