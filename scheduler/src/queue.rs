@@ -104,6 +104,10 @@ pub struct TagQueue<R, P> {
     closed: bool,
     /// The policy's shaping as last reported (budget, piece, whether draining ahead).
     last_shape: Option<ShapeKey>,
+    /// Requests waiting in the host queue (`pending` and `head_of_queue` together).
+    queued: usize,
+    /// Whether completions and failures are reported as events.
+    completion_events: bool,
 }
 
 impl<R, P: Policy> TagQueue<R, P> {
@@ -136,7 +140,32 @@ impl<R, P: Policy> TagQueue<R, P> {
             drain_for: None,
             closed: false,
             last_shape: None,
+            queued: 0,
+            completion_events: true,
         }
+    }
+
+    /// Whether [`Event::Completed`] and [`Event::Failed`] are queued for each command that
+    /// comes back (on by default). A caller that drops them unread turns them off: they are
+    /// the only events made for every request.
+    ///
+    /// ```
+    /// use tagstripe_scheduler::{Dir, Event, Fair, FairConfig, IoClass, Meta, Outcome, QueueConfig, TagQueue};
+    ///
+    /// let completions = |on: bool| {
+    ///     let mut q = TagQueue::new(QueueConfig::default(), Fair::new(FairConfig::default()));
+    ///     q.set_completion_events(on);
+    ///     q.submit(0, (), Meta::new(IoClass::BestEffort, Dir::Read)).unwrap();
+    ///     let d = q.poll_dispatch(0).unwrap();
+    ///     q.handle_completion(1_000, d.tag, Outcome::Done).unwrap();
+    ///     std::iter::from_fn(|| q.poll_event())
+    ///         .filter(|e| matches!(e, Event::Completed { .. }))
+    ///         .count()
+    /// };
+    /// assert_eq!((completions(true), completions(false)), (1, 0));
+    /// ```
+    pub fn set_completion_events(&mut self, on: bool) {
+        self.completion_events = on;
     }
 
     /// Queues a request.
@@ -184,6 +213,7 @@ impl<R, P: Policy> TagQueue<R, P> {
         } else {
             self.pending[meta.class.index()].push_back(p);
         }
+        self.queued += 1;
         Ok(ticket)
     }
 
@@ -191,7 +221,7 @@ impl<R, P: Policy> TagQueue<R, P> {
     /// policy allow one now.
     #[must_use]
     pub fn poll_dispatch(&mut self, now: Nanos) -> Option<Dispatch<R>> {
-        if self.busy_until.is_some() || self.active_total() >= self.openings {
+        if self.queued == 0 || self.busy_until.is_some() || self.active_total() >= self.openings {
             return None;
         }
         let low = self.lowest_pending_epoch()?;
@@ -331,20 +361,23 @@ impl<R, P: Policy> TagQueue<R, P> {
             };
             let at = queue.partition_point(|x| x.ticket < p.ticket);
             queue.insert(at, p);
+            q.queued += 1;
         };
         match outcome {
             Outcome::Done | Outcome::Failed => {
                 let done = matches!(outcome, Outcome::Done);
-                self.events.push_back(if done {
-                    Event::Completed {
-                        ticket: slot.ticket,
-                        latency: now.saturating_sub(slot.submitted),
-                    }
-                } else {
-                    Event::Failed {
-                        ticket: slot.ticket,
-                    }
-                });
+                if self.completion_events {
+                    self.events.push_back(if done {
+                        Event::Completed {
+                            ticket: slot.ticket,
+                            latency: now.saturating_sub(slot.submitted),
+                        }
+                    } else {
+                        Event::Failed {
+                            ticket: slot.ticket,
+                        }
+                    });
+                }
                 let how = if done {
                     Release::Done {
                         device_ns: now.saturating_sub(slot.dispatched),
@@ -456,7 +489,7 @@ impl<R, P: Policy> TagQueue<R, P> {
     /// Requests waiting in the host queue.
     #[must_use]
     pub fn pending_len(&self) -> usize {
-        self.pending.iter().map(VecDeque::len).sum::<usize>() + self.head_of_queue.len()
+        self.queued
     }
 
     /// The request of a still-pending ticket, to change it in place (e.g. to attach a way
@@ -549,7 +582,9 @@ impl<R, P: Policy> TagQueue<R, P> {
         }
     }
 
+    /// Sends `p` (just taken off its host queue) to the device under a free tag.
     fn dispatch(&mut self, now: Nanos, p: Pending<R>, kind: TagKind) -> Dispatch<R> {
+        self.queued -= 1;
         let tag = match self.free.pop() {
             Some(t) => t,
             None => {

@@ -209,6 +209,10 @@ proptest! {
                 }
                 Op::SetOpenings(n) => h.q.set_openings(n),
             }
+            // What waits in the host queue: every request neither at the device nor done
+            // (requeued ones too).
+            let waiting = h.known.values().filter(|k| !k.done && !k.out).count();
+            prop_assert_eq!(h.q.pending_len(), waiting);
             h.events()?;
         }
         // Drain: everything submitted completes exactly once.

@@ -810,9 +810,12 @@ fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inn
     };
     let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
     let cuts = IoClass::ALL.map(|c| policy.limits_pieces(c));
+    let mut q = TagQueue::new(cfg, policy);
+    // Every request's completion event, made only once someone subscribes to read it.
+    q.set_completion_events(false);
     let inner = Arc::new(Mutex::new(Inner {
         name: names.join(", "),
-        q: TagQueue::new(cfg, policy),
+        q,
         epoch: Instant::now(),
         timer_at: None,
         room: Room::new(cfg.max_pending),
@@ -1150,6 +1153,7 @@ impl QueueHandle {
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         let mut g = self.inner.lock();
         g.subscribed = true;
+        g.q.set_completion_events(true);
         g.events.subscribe()
     }
 }
