@@ -112,10 +112,10 @@ pub trait Policy: std::fmt::Debug {
         None
     }
 
-    /// What of [`shape`](Self::shape) a change of is reported ([`crate::Event::Shaped`]):
-    /// its budget, its piece size and whether it keeps a drain floor. Asked after every
-    /// completion, so a policy whose `shape` takes work may answer it more cheaply; the
-    /// default asks `shape`.
+    /// The parts of [`shape`](Self::shape) whose changes are reported as
+    /// [`crate::Event::Shaped`]: the budget, the piece size and whether a drain floor is set.
+    /// The queue asks for it after every completion, so a policy whose `shape` takes work
+    /// may answer it more cheaply; the default asks `shape`.
     fn shape_key(&self) -> Option<ShapeKey> {
         self.shape().map(|s| ShapeKey::of(&s))
     }
