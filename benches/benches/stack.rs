@@ -22,11 +22,6 @@ use tagstripe_benches::random_block;
 
 const COMP_SECTORS: u64 = 256 * 2048; // 256 MiB each
 
-/// The volume, and the memory devices under it.
-fn volume() -> (Volume, Vec<Arc<MemDevice>>) {
-    tagstripe_benches::memory_volume(COMP_SECTORS)
-}
-
 /// 16 MiB read as the volume lays it out (a 256 KiB piece from each device per MiB) straight
 /// from the devices: the same bytes from the same pages, without the stack.
 async fn same_pages(devs: &[Arc<MemDevice>], at: &mut u64, dst: &mut [u8]) {
@@ -141,7 +136,7 @@ fn bench_stack(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    let (vol, devs) = volume();
+    let (vol, devs) = tagstripe_benches::memory_volume(COMP_SECTORS);
     let vol = Arc::new(vol);
     let total = vol.info().sectors;
     let mib = vec![0xA5u8; 1 << 20];

@@ -51,10 +51,7 @@ pub async fn random_4k_writes(dev: Arc<dyn DynBlockDevice>, round: u64) {
             let mut x = (w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round;
             let data = Bytes::from(vec![w as u8; 4096]);
             for _ in 0..64 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let s = x % (total / 8) * 8;
+                let s = random_block(&mut x, total);
                 dev.write(s, data.clone(), IoOpts::new())
                     .await
                     .expect("a write to memory devices");
