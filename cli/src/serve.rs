@@ -931,12 +931,12 @@ async fn run_server(args: &ServeArgs, a: Assembled, listener: Listener) -> ExitC
 
 /// The server's counters in one line: connections, requests, failures, bytes (and those of
 /// the bytes read that went to the socket as the page cache's own pages, and of the bytes
-/// written that came off the socket into pipes).
+/// written that came off the socket into pipes or straight into the device's pages).
 fn counters_line(server: &NbdServer) -> String {
     let c = server.counters();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     format!(
-        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written, {} bytes sent from the page cache, {} bytes received into pipes",
+        "{} connections, {} requests ({} failed), {} bytes read, {} bytes written, {} bytes sent from the page cache, {} bytes received into pipes, {} in place",
         get(&c.connections),
         get(&c.requests),
         get(&c.error_replies),
@@ -944,6 +944,7 @@ fn counters_line(server: &NbdServer) -> String {
         get(&c.bytes_written),
         get(&c.bytes_sent_from_cache),
         get(&c.bytes_received_into_pipes),
+        get(&c.bytes_received_in_place),
     )
 }
 

@@ -51,6 +51,7 @@ mod buffers;
 pub mod crash;
 mod device;
 mod error;
+mod landing;
 mod layers;
 mod model;
 #[cfg(feature = "nbd")]
@@ -75,6 +76,7 @@ pub use device::{
     BlockDevice, BoxFuture, Caps, DeviceInfo, DynBlockDevice, Extent, IoOpts, Zeroes, Zeroing,
 };
 pub use error::{Error, Result};
+pub use landing::Landing;
 pub use layers::mirror::metadata::component_metadata;
 pub use layers::mirror::resync::{MirrorEvent, SideStatus};
 pub use layers::{

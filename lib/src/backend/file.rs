@@ -92,6 +92,8 @@ pub struct FileDevice {
     direct: bool,
     /// Its pages mapped for [`BlockDevice::read_to_send`] (not with `O_DIRECT`).
     mapped: super::mapped::LazyMapped,
+    /// Its pages mapped writable for [`BlockDevice::write_landing`] (a file in memory).
+    landing: crate::landing::LazyWritable,
 }
 
 impl FileDevice {
@@ -134,6 +136,7 @@ impl FileDevice {
             file: Arc::new(file),
             direct: opts.direct,
             mapped: super::mapped::LazyMapped::default(),
+            landing: crate::landing::LazyWritable::default(),
         })
     }
 
@@ -182,6 +185,7 @@ impl FileDevice {
             file: Arc::new(file),
             direct: opts.direct,
             mapped: super::mapped::LazyMapped::default(),
+            landing: crate::landing::LazyWritable::default(),
         })
     }
 
@@ -313,6 +317,18 @@ impl BlockDevice for FileDevice {
             Ok(())
         })
         .await
+    }
+
+    /// A file in memory (tmpfs) opened for writing through the page cache: yes (see
+    /// [`Landing`](crate::Landing)).
+    fn lands_writes(&self) -> bool {
+        self.landing
+            .get(&self.file, &self.info, self.direct)
+            .is_some()
+    }
+
+    fn write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
+        (self.landing).landing(&self.file, &self.info, self.direct, start, sectors)
     }
 
     /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).

@@ -425,6 +425,8 @@ pub struct UringDevice {
     buffered: Option<BufferedWrites>,
     /// Its pages mapped for [`BlockDevice::read_to_send`] (not with `O_DIRECT`).
     mapped: super::mapped::LazyMapped,
+    /// Its pages mapped writable for [`BlockDevice::write_landing`] (a file in memory).
+    landing: crate::landing::LazyWritable,
 }
 
 /// How writes to a block device through its page cache are done. The kernel cannot do
@@ -540,6 +542,7 @@ impl UringDevice {
             }),
             direct: opts.direct,
             mapped: super::mapped::LazyMapped::default(),
+            landing: crate::landing::LazyWritable::default(),
             ring: ring.clone(),
             file: Arc::new(file),
             pool: Arc::default(),
@@ -953,6 +956,18 @@ impl BlockDevice for UringDevice {
             self.fsync("write", start, sectors).await?;
         }
         Ok(())
+    }
+
+    /// A file in memory (tmpfs) opened for writing through the page cache: yes (see
+    /// [`Landing`](crate::Landing)).
+    fn lands_writes(&self) -> bool {
+        self.landing
+            .get(&self.file, &self.info, self.direct)
+            .is_some()
+    }
+
+    fn write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
+        (self.landing).landing(&self.file, &self.info, self.direct, start, sectors)
     }
 
     /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).

@@ -75,6 +75,10 @@ pub trait DynBlockDevice: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'_, ()>;
     /// [`BlockDevice::takes_piped_writes`](crate::BlockDevice::takes_piped_writes).
     fn erased_takes_piped_writes(&self) -> bool;
+    /// [`BlockDevice::lands_writes`](crate::BlockDevice::lands_writes).
+    fn erased_lands_writes(&self) -> bool;
+    /// [`BlockDevice::write_landing`](crate::BlockDevice::write_landing).
+    fn erased_write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing>;
     /// [`BlockDevice::write_piped`](crate::BlockDevice::write_piped).
     fn erased_write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts)
     -> BoxFuture<'_, ()>;
@@ -144,6 +148,12 @@ impl<D: BlockDevice> DynBlockDevice for D {
     }
     fn erased_takes_piped_writes(&self) -> bool {
         self.takes_piped_writes()
+    }
+    fn erased_lands_writes(&self) -> bool {
+        self.lands_writes()
+    }
+    fn erased_write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
+        self.write_landing(start, sectors)
     }
     fn erased_write_piped(
         &self,
@@ -236,6 +246,12 @@ impl BlockDevice for dyn DynBlockDevice + '_ {
     }
     fn takes_piped_writes(&self) -> bool {
         self.erased_takes_piped_writes()
+    }
+    fn lands_writes(&self) -> bool {
+        self.erased_lands_writes()
+    }
+    fn write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
+        self.erased_write_landing(start, sectors)
     }
     fn write_piped(
         &self,

@@ -69,6 +69,12 @@ macro_rules! forward_io {
         fn takes_piped_writes(&$s) -> bool {
             $dev.takes_piped_writes()
         }
+        fn lands_writes(&$s) -> bool {
+            $dev.lands_writes()
+        }
+        fn write_landing(&$s, start: u64, sectors: u64) -> Option<$crate::Landing> {
+            $dev.write_landing(start, sectors)
+        }
         fn write_piped(
             &$s,
             start: u64,
@@ -164,6 +170,12 @@ macro_rules! forward_io {
         }
         fn takes_piped_writes(&$s) -> bool {
             $dev.takes_piped_writes()
+        }
+        fn lands_writes(&$s) -> bool {
+            $dev.lands_writes()
+        }
+        fn write_landing(&$s, start: u64, sectors: u64) -> Option<$crate::Landing> {
+            $dev.write_landing(start, sectors)
         }
         async fn write_piped(
             &$s,
@@ -263,7 +275,7 @@ mod request;
 
 use bytes::Bytes;
 
-use crate::{Error, Piped, Result};
+use crate::{Error, Landing, Piped, Result};
 
 pub(crate) use checks::*;
 pub use erased::{BoxFuture, DynBlockDevice};
@@ -548,6 +560,27 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         opts: IoOpts,
     ) -> impl Future<Output = Result<()>> + Send {
         write_piped_from_memory(self, start, data, opts)
+    }
+
+    /// Whether [`write_landing`](Self::write_landing) can lend this device's pages: a
+    /// server asks once per connection, before it leaves large write payloads on its socket
+    /// for it. True for the io_uring and file backends over a file in memory (tmpfs, such
+    /// as /dev/shm) opened for writing through the page cache; false by default, and for
+    /// every layer (each looks at, records or schedules the writes it passes on).
+    fn lands_writes(&self) -> bool {
+        false
+    }
+
+    /// A window onto this device's own pages for a write of `sectors` sectors at `start`,
+    /// for a server to receive the write's payload into straight from its socket (see
+    /// [`Landing`]); the write is done when the landing is
+    /// [`finish`](Landing::finish)ed. `None` (the default) where the device does not lend
+    /// its pages, or not for this write (too small, outside the device or the file as it
+    /// is now, a read-only device): write it the usual way. The caller keeps overlapping
+    /// writes apart as for any other write.
+    fn write_landing(&self, start: u64, sectors: u64) -> Option<Landing> {
+        let _ = (start, sectors);
+        None
     }
 
     /// Makes completed writes durable.

@@ -17,7 +17,8 @@ use tokio::sync::Semaphore;
 
 use super::sendfile::Sender;
 use super::splice::{HAND_OFF_FROM, HAND_OFF_MAX, Receiver};
-use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Piped, Volume, Zeroes};
+use crate::landing::LAND_FROM;
+use crate::{BlockDevice, DynBlockDevice, Error, IoOpts, Landing, Piped, Volume, Zeroes};
 use tagstripe_nbd_proto::proto::errno;
 use tagstripe_nbd_proto::session::{
     BlockLimits, Catalog, ComponentLayout, ExportCaps, ExportEntry, Failure, Op, OpKind, Outcome,
@@ -143,7 +144,7 @@ impl ComponentLayout for Layout {
 #[derive(Debug)]
 struct Served {
     export: Export,
-    rmw: tokio::sync::RwLock<()>,
+    rmw: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// How the server treats its clients.
@@ -243,6 +244,10 @@ pub struct ServerCounters {
     /// to write from it: never copied into the server's memory (over TCP, to a file or
     /// block device through the page cache: see [`BlockDevice::write_piped`]).
     pub bytes_received_into_pipes: AtomicU64,
+    /// Bytes of write payloads received from the socket straight into the device's pages
+    /// (a file in memory: see [`Landing`]): copied once, by the kernel, and never through
+    /// the server's memory or `pwrite`.
+    pub bytes_received_in_place: AtomicU64,
     /// TCP connections from this host given [`ServerConfig::local_congestion`].
     pub local_congestion_set: AtomicU64,
 }
@@ -446,7 +451,7 @@ impl NbdServer {
             e.name.clone(),
             Arc::new(Served {
                 export: e,
-                rmw: tokio::sync::RwLock::new(()),
+                rmw: Arc::new(tokio::sync::RwLock::new(())),
             }),
         );
         self
@@ -482,6 +487,7 @@ impl NbdServer {
                         let raw = Raw {
                             send: None,
                             receive: Receiver::new(s.as_fd()),
+                            pipes: true,
                         };
                         return Ok((s, raw));
                     }
@@ -533,10 +539,11 @@ impl NbdServer {
         self.accept_loop(move || async move {
             let s = l.accept().await?.0;
             grow_send_buffer(&s);
-            // Write payloads are read as usual here: see `splice.rs`.
+            // Write payloads are read as usual here, or received in place: see `splice.rs`.
             let raw = Raw {
                 send: Sender::new(s.as_fd()),
-                receive: None,
+                receive: Receiver::new(s.as_fd()),
+                pipes: false,
             };
             Ok((s, raw))
         })
@@ -749,7 +756,8 @@ impl NbdServer {
     /// client's `STARTTLS` was acknowledged: then the stream is handed back, whole, for the
     /// TLS handshake. Through `raw` (the plain socket under `stream`), replies with payloads
     /// from the page cache go out as its pages (a pipe, `sendfile`) and large write payloads
-    /// come in with `splice`, where it has them.
+    /// come in with `splice`, or straight into the device's pages (see [`Landing`]), where
+    /// it has them.
     async fn drive<S>(
         &self,
         s: &mut ServerSession,
@@ -770,9 +778,12 @@ impl NbdServer {
         let (mut eof, mut broken, mut stopped) = (false, false, false);
         let mut export: Option<Arc<Served>> = None;
         let class = d.class;
-        // A write whose payload is being taken off the socket into a pipe: the op, its
-        // payload so far, and the bytes it will hold.
-        let mut taking: Option<(Op, Piped, usize)> = None;
+        // A write whose payload is being taken off the socket (into a pipe, or in place):
+        // the op, where its payload goes, and the bytes it will hold.
+        let mut taking: Option<(Op, Taking, usize)> = None;
+        // Payloads are handed off to be received in place (the export's device lends its
+        // pages), not into pipes.
+        let mut landing = false;
         let zc = raw.send.as_ref();
         loop {
             // The counters follow the session as it goes.
@@ -822,8 +833,21 @@ impl NbdServer {
                         _ => Bytes::new(),
                     };
                     let total = usize::try_from(op.length).unwrap_or(usize::MAX);
-                    let room = usize::try_from(op.on_stream).unwrap_or(usize::MAX);
-                    taking = Some((op, Piped::new(head, room), total));
+                    let to = match export.as_ref().filter(|_| landing) {
+                        Some(e) => land(e, &op, &head),
+                        None => None,
+                    };
+                    let to = to.unwrap_or_else(|| {
+                        // Into memory where a pipe is no gain (a Unix socket, a payload
+                        // under the size pipes pay from).
+                        let room = if raw.pipes && op.on_stream >= HAND_OFF_FROM {
+                            usize::try_from(op.on_stream).unwrap_or(usize::MAX)
+                        } else {
+                            0
+                        };
+                        Taking::Pipe(Piped::new(head, room))
+                    });
+                    taking = Some((op, to, total));
                     continue;
                 }
                 if let Some(e) = &export {
@@ -832,12 +856,14 @@ impl NbdServer {
             }
             if !d.counted && s.transmitting() {
                 d.counted = true;
-                // Large write payloads into pipes, where the device writes from them.
-                if raw.receive.is_some() {
-                    let e = s.export().and_then(|e| self.served.get(&e.name));
-                    if e.is_some_and(|e| {
-                        !e.export.read_only && e.export.device.takes_piped_writes()
-                    }) {
+                // Large write payloads in place, where the device lends its pages, else
+                // into pipes (TCP), where the device writes from them.
+                let e = s.export().and_then(|e| self.served.get(&e.name));
+                if let Some(e) = e.filter(|e| raw.receive.is_some() && !e.export.read_only) {
+                    if e.export.device.lands_writes() {
+                        landing = true;
+                        s.hand_off_payloads(Some((LAND_FROM as u64, HAND_OFF_MAX)));
+                    } else if raw.pipes && e.export.device.takes_piped_writes() {
                         s.hand_off_payloads(Some((HAND_OFF_FROM, HAND_OFF_MAX)));
                     }
                 }
@@ -866,7 +892,8 @@ impl NbdServer {
             let is_taking = taking.is_some();
             let take = async {
                 match (&mut taking, &raw.receive) {
-                    (Some((_, p, total)), Some(rx)) => rx.fill(p, *total).await,
+                    (Some((_, Taking::Pipe(p), total)), Some(rx)) => rx.fill(p, *total).await,
+                    (Some((_, Taking::Land(l, _), _)), Some(rx)) => rx.land(l).await,
                     _ => std::future::pending().await,
                 }
             };
@@ -898,8 +925,8 @@ impl NbdServer {
                         s.complete(id, res);
                     }
                 }
-                Event::Taken(Ok(())) => {
-                    if let Some((op, p, _)) = taking.take() {
+                Event::Taken(Ok(())) => match taking.take() {
+                    Some((op, Taking::Pipe(p), _)) => {
                         self.counters
                             .bytes_received_into_pipes
                             .fetch_add(p.in_pipe() as u64, Relaxed);
@@ -908,7 +935,14 @@ impl NbdServer {
                             running.push(Box::pin(self.run(Arc::clone(e), class, op, Some(p))));
                         }
                     }
-                }
+                    Some((op, Taking::Land(l, share), _)) => {
+                        s.payload_taken();
+                        if let Some(e) = &export {
+                            running.push(Box::pin(self.landed(Arc::clone(e), op, l, share)));
+                        }
+                    }
+                    None => {}
+                },
                 Event::Taken(Err(e)) => {
                     tracing::debug!(target: "tagstripe::nbd", error = %e, "receiving a write's payload failed");
                     eof = true;
@@ -955,6 +989,44 @@ impl NbdServer {
     /// move away (1 MiB reads of a file in /dev/shm, one connection over a Unix socket,
     /// alternated: 1.06-1.08x the reads a second of running them apart).
     ///
+    /// Ends write `op` on export `e`, whose payload was received in place (`l`), with its
+    /// share of the read-modify-write lock: what could not land is written now.
+    async fn landed(
+        &self,
+        e: Arc<Served>,
+        op: Op,
+        l: Landing,
+        share: tokio::sync::OwnedRwLockReadGuard<()>,
+    ) -> Done {
+        let (id, len) = (op.id, op.length);
+        let in_place = l.in_place();
+        let res = l.finish();
+        drop(share);
+        let res = match res {
+            Ok(()) => {
+                self.counters.bytes_written.fetch_add(len, Relaxed);
+                if in_place {
+                    self.counters
+                        .bytes_received_in_place
+                        .fetch_add(len, Relaxed);
+                }
+                Ok(Outcome::Done)
+            }
+            Err(source) => {
+                let err = Error::Io {
+                    device: e.export.device.info().name.clone(),
+                    op: "write",
+                    start: op.offset / 512,
+                    sectors: len / 512,
+                    source,
+                };
+                let msg = err.to_string();
+                Err((to_errno(err), msg))
+            }
+        };
+        (id, len, res)
+    }
+
     /// A write whose payload came into a pipe has it in `piped` (its op's data is empty).
     async fn run(&self, e: Arc<Served>, class: IoClass, op: Op, piped: Option<Piped>) -> Done {
         let class = e.export.class.unwrap_or(class);
@@ -978,6 +1050,27 @@ impl NbdServer {
         }
         (id, if counter.is_some() { len } else { 0 }, res)
     }
+}
+
+/// A landing for write `op` on export `e` (its payload's first bytes, `head`, put there
+/// already), with its share of the read-modify-write lock: `None` if the write asks to be
+/// durable (FUA), is not whole blocks, finds a read-modify-write holding or waiting for the
+/// lock, or the device lends no pages for it; it then goes the usual way.
+fn land(e: &Arc<Served>, op: &Op, head: &Bytes) -> Option<Taking> {
+    let dev = &e.export.device;
+    let lbs = u64::from(dev.info().limits.logical_block_size.max(512));
+    if !matches!(op.kind, OpKind::Write(_))
+        || op.fua
+        || op.offset % lbs != 0
+        || op.length % lbs != 0
+    {
+        return None;
+    }
+    let share = Arc::clone(&e.rmw).try_read_owned().ok()?;
+    let mut l = dev.write_landing(op.offset / 512, op.length / 512)?;
+    // A head too long for the write cannot be (the session cuts it): refused, not landed.
+    l.put(head).ok()?;
+    Some(Taking::Land(l, share))
 }
 
 /// Writes `chunks` (replies' headers and payloads, as the session gives them) one after
@@ -1063,12 +1156,24 @@ fn grow_send_buffer<S: std::os::fd::AsRawFd>(s: &S) {
 }
 
 /// A connection's plain socket, for what only a socket does: replies sent from the page
-/// cache (Unix sockets), write payloads taken into pipes (TCP). Neither over TLS,
-/// nor for a stream served with [`NbdServer::serve_connection`].
+/// cache (Unix sockets), write payloads taken into pipes (TCP) or received in place (a
+/// file in memory: either). None of it over TLS, nor for a stream served with
+/// [`NbdServer::serve_connection`].
 #[derive(Debug, Default)]
 struct Raw {
     send: Option<Sender>,
     receive: Option<Receiver>,
+    /// Payloads may go into pipes (TCP; a Unix socket's measured slower so).
+    pipes: bool,
+}
+
+/// Where a write's payload handed off by the session is being taken to.
+enum Taking {
+    /// A pipe (and memory), for the device to write from.
+    Pipe(Piped),
+    /// The device's own pages, with the write's share of the export's read-modify-write
+    /// lock held until it is finished.
+    Land(Landing, tokio::sync::OwnedRwLockReadGuard<()>),
 }
 
 /// What one connection's drive keeps across a TLS upgrade.
