@@ -488,6 +488,7 @@ impl NbdServer {
                             send: None,
                             receive: Receiver::new(s.as_fd()),
                             pipes: true,
+                            sock: None,
                         };
                         return Ok((s, raw));
                     }
@@ -542,8 +543,9 @@ impl NbdServer {
             // Write payloads are read as usual here, or received in place: see `splice.rs`.
             let raw = Raw {
                 send: Sender::new(s.as_fd()),
-                receive: Receiver::new(s.as_fd()),
+                receive: None,
                 pipes: false,
+                sock: s.as_fd().try_clone_to_owned().ok(),
             };
             Ok((s, raw))
         })
@@ -782,8 +784,9 @@ impl NbdServer {
         // the op, where its payload goes, and the bytes it will hold.
         let mut taking: Option<(Op, Taking, usize)> = None;
         // Payloads are handed off to be received in place (the export's device lends its
-        // pages), not into pipes.
+        // pages), not into pipes; through `raw.receive`, or this receiver made for it.
         let mut landing = false;
+        let mut own_rx: Option<Receiver> = None;
         let zc = raw.send.as_ref();
         loop {
             // The counters follow the session as it goes.
@@ -859,11 +862,18 @@ impl NbdServer {
                 // Large write payloads in place, where the device lends its pages, else
                 // into pipes (TCP), where the device writes from them.
                 let e = s.export().and_then(|e| self.served.get(&e.name));
-                if let Some(e) = e.filter(|e| raw.receive.is_some() && !e.export.read_only) {
-                    if e.export.device.lands_writes() {
+                if let Some(e) = e.filter(|e| !e.export.read_only) {
+                    if raw.receive.is_none() && e.export.device.lands_writes() {
+                        own_rx = raw.sock.as_ref().and_then(|s| Receiver::new(s.as_fd()));
+                    }
+                    if (raw.receive.is_some() || own_rx.is_some()) && e.export.device.lands_writes()
+                    {
                         landing = true;
                         s.hand_off_payloads(Some((LAND_FROM as u64, HAND_OFF_MAX)));
-                    } else if raw.pipes && e.export.device.takes_piped_writes() {
+                    } else if raw.receive.is_some()
+                        && raw.pipes
+                        && e.export.device.takes_piped_writes()
+                    {
                         s.hand_off_payloads(Some((HAND_OFF_FROM, HAND_OFF_MAX)));
                     }
                 }
@@ -891,7 +901,7 @@ impl NbdServer {
             };
             let is_taking = taking.is_some();
             let take = async {
-                match (&mut taking, &raw.receive) {
+                match (&mut taking, own_rx.as_ref().or(raw.receive.as_ref())) {
                     (Some((_, Taking::Pipe(p), total)), Some(rx)) => rx.fill(p, *total).await,
                     (Some((_, Taking::Land(l, _), _)), Some(rx)) => rx.land(l).await,
                     _ => std::future::pending().await,
@@ -1165,6 +1175,10 @@ struct Raw {
     receive: Option<Receiver>,
     /// Payloads may go into pipes (TCP; a Unix socket's measured slower so).
     pipes: bool,
+    /// The socket itself (a descriptor of its own) where `receive` is not made at once: a
+    /// Unix socket's, whose payloads are only ever received in place, so that its
+    /// receiver is registered only for an export that lends its pages.
+    sock: Option<std::os::fd::OwnedFd>,
 }
 
 /// Where a write's payload handed off by the session is being taken to.
