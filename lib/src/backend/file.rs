@@ -322,13 +322,24 @@ impl BlockDevice for FileDevice {
     /// A file in memory (tmpfs) opened for writing through the page cache: yes (see
     /// [`Landing`](crate::Landing)).
     fn lands_writes(&self) -> bool {
-        self.landing
-            .get(&self.file, &self.info, self.direct)
+        (self.landing)
+            .get(
+                &self.file,
+                self.info.sectors,
+                self.info.read_only,
+                self.direct,
+            )
             .is_some()
     }
 
     fn write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
-        (self.landing).landing(&self.file, &self.info, self.direct, start, sectors)
+        let device = (
+            &*self.file,
+            self.info.sectors,
+            self.info.read_only,
+            self.direct,
+        );
+        self.landing.landing(device, start, sectors)
     }
 
     /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).
