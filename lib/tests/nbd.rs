@@ -573,6 +573,89 @@ async fn large_write_payloads_come_off_the_socket_into_pipes() {
     }
 }
 
+/// A client that stops part way through a write's payload received in place (a file in
+/// /dev/shm) holds up no other client's writes: an unaligned one (a read-modify-write,
+/// which waits for every write in progress) completes, as does an aligned one, and the
+/// stalled write's own bytes are those of the client or as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_payload_received_in_place_holds_up_no_other_writer() {
+    let shm = std::path::PathBuf::from(format!("/dev/shm/tagstripe-stall-{}", std::process::id()));
+    if std::fs::create_dir_all(&shm).is_err() {
+        eprintln!("skipped: no /dev/shm here");
+        return;
+    }
+    let dev = files_device(&shm, 1, 16 << 20, false, 128).await;
+    if !dev.lands_writes() {
+        eprintln!("skipped: /dev/shm is not tmpfs here (no landing in place)");
+        std::fs::remove_dir_all(&shm).unwrap();
+        return;
+    }
+    let server = Arc::new(NbdServer::new(ServerConfig::default()).export("d", Arc::clone(&dev)));
+    let sock = shm.join("s.sock");
+    let l = tokio::net::UnixListener::bind(&sock).unwrap();
+    tokio::spawn(Arc::clone(&server).serve_unix(l));
+    // The stalled client: a 1 MiB write at 4 MiB, 300 KiB of its payload, then nothing.
+    let mut stalled = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    export_name(&mut stalled, "d").await;
+    let w = proto::Request {
+        flags: 0,
+        command: proto::Command::Write,
+        handle: 1,
+        offset: 4 << 20,
+        length: 1 << 20,
+    };
+    stalled.write_all(&w.encode()).await.unwrap();
+    stalled.write_all(&vec![0x5au8; 300 << 10]).await.unwrap();
+    // Until the server has read its header (and begun taking the payload in place).
+    let requests = || (server.counters().requests).load(std::sync::atomic::Ordering::Relaxed);
+    while requests() < 1 {
+        tokio::task::yield_now().await;
+    }
+    // Another client: an unaligned write (bytes 100..1100 of the 8th MiB), then an aligned
+    // 1 MiB one. A failure here is a hang: bounded at 30 s so that it says so.
+    let mut other = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    export_name(&mut other, "d").await;
+    let mut answers = Vec::new();
+    for (handle, offset, len) in [(7u64, (8u64 << 20) + 100, 1000u32), (8, 10 << 20, 1 << 20)] {
+        let r = proto::Request {
+            flags: 0,
+            command: proto::Command::Write,
+            handle,
+            offset,
+            length: len,
+        };
+        other.write_all(&r.encode()).await.unwrap();
+        other
+            .write_all(&vec![handle as u8; len as usize])
+            .await
+            .unwrap();
+        let mut h = [0u8; 16];
+        tokio::time::timeout(Duration::from_secs(30), other.read_exact(&mut h))
+            .await
+            .expect("the other client's write was held up by the stalled one")
+            .unwrap();
+        let rep = proto::SimpleReply::parse(&h).unwrap();
+        answers.push((rep.handle, rep.error));
+    }
+    assert_eq!(answers, [(7, 0), (8, 0)]);
+    let got = dev.read((8 << 20) / 512, 8, IoOpts::new()).await.unwrap();
+    assert!(got[..100].iter().all(|&b| b == 0) && got[100..1100].iter().all(|&b| b == 7));
+    let got = dev
+        .read((10 << 20) / 512, 2048, IoOpts::new())
+        .await
+        .unwrap();
+    assert!(got.iter().all(|&b| b == 8));
+    // The stalled client gives up: its write tore no more than its own bytes.
+    drop(stalled);
+    let got = dev
+        .read((4 << 20) / 512, 2048, IoOpts::new())
+        .await
+        .unwrap();
+    assert!(got.iter().all(|&b| b == 0 || b == 0x5a));
+    server.shutdown();
+    std::fs::remove_dir_all(&shm).unwrap();
+}
+
 /// A stream a raw test client speaks over (TCP or a Unix socket).
 trait RawStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> RawStream for T {}

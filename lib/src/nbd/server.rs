@@ -903,7 +903,7 @@ impl NbdServer {
             let take = async {
                 match (&mut taking, own_rx.as_ref().or(raw.receive.as_ref())) {
                     (Some((_, Taking::Pipe(p), total)), Some(rx)) => rx.fill(p, *total).await,
-                    (Some((_, Taking::Land(l, _), _)), Some(rx)) => rx.land(l).await,
+                    (Some((_, Taking::Land(l, rmw), _)), Some(rx)) => rx.land(l, rmw).await,
                     _ => std::future::pending().await,
                 }
             };
@@ -945,10 +945,10 @@ impl NbdServer {
                             running.push(Box::pin(self.run(Arc::clone(e), class, op, Some(p))));
                         }
                     }
-                    Some((op, Taking::Land(l, share), _)) => {
+                    Some((op, Taking::Land(l, _), _)) => {
                         s.payload_taken();
                         if let Some(e) = &export {
-                            running.push(Box::pin(self.landed(Arc::clone(e), op, l, share)));
+                            running.push(Box::pin(self.landed(Arc::clone(e), op, l)));
                         }
                     }
                     None => {}
@@ -988,30 +988,17 @@ impl NbdServer {
         None
     }
 
-    /// Runs one op on export `e`, in its class or else the connection's `class`. A write of
-    /// [`APART_FROM`] bytes or more runs in a task of its own: the copy of its payload into
-    /// the page cache runs on another worker while this connection's task goes on reading
-    /// requests and sending replies (1 MiB over a Unix socket, one connection: 1,940-1,971
-    /// writes a second in the connection's task, 2,602-2,676 apart). Smaller ones run in
-    /// the connection's task, where a task each costs more than it overlaps (64 KiB random
-    /// 50/50, 2 runs of 8 cells: apart, 0-7% fewer IOPS and 10-20% more CPU per GiB). Reads
-    /// stay too: a cached one is a view of the page cache (`read_to_send`), with no copy to
-    /// move away (1 MiB reads of a file in /dev/shm, one connection over a Unix socket,
-    /// alternated: 1.06-1.08x the reads a second of running them apart).
-    ///
-    /// Ends write `op` on export `e`, whose payload was received in place (`l`), with its
-    /// share of the read-modify-write lock: what could not land is written now.
-    async fn landed(
-        &self,
-        e: Arc<Served>,
-        op: Op,
-        l: Landing,
-        share: tokio::sync::OwnedRwLockReadGuard<()>,
-    ) -> Done {
+    /// Ends write `op` on export `e`, whose payload was received in place (`l`): what could
+    /// not land is written now, with a share of the read-modify-write lock.
+    async fn landed(&self, e: Arc<Served>, op: Op, l: Landing) -> Done {
         let (id, len) = (op.id, op.length);
         let in_place = l.in_place();
-        let res = l.finish();
-        drop(share);
+        let res = if in_place {
+            l.finish()
+        } else {
+            let _share = shared(&e.rmw).await;
+            l.finish()
+        };
         let res = match res {
             Ok(()) => {
                 self.counters.bytes_written.fetch_add(len, Relaxed);
@@ -1037,6 +1024,17 @@ impl NbdServer {
         (id, len, res)
     }
 
+    /// Runs one op on export `e`, in its class or else the connection's `class`. A write of
+    /// [`APART_FROM`] bytes or more runs in a task of its own: the copy of its payload into
+    /// the page cache runs on another worker while this connection's task goes on reading
+    /// requests and sending replies (1 MiB over a Unix socket, one connection: 1,940-1,971
+    /// writes a second in the connection's task, 2,602-2,676 apart). Smaller ones run in
+    /// the connection's task, where a task each costs more than it overlaps (64 KiB random
+    /// 50/50, 2 runs of 8 cells: apart, 0-7% fewer IOPS and 10-20% more CPU per GiB). Reads
+    /// stay too: a cached one is a view of the page cache (`read_to_send`), with no copy to
+    /// move away (1 MiB reads of a file in /dev/shm, one connection over a Unix socket,
+    /// alternated: 1.06-1.08x the reads a second of running them apart).
+    ///
     /// A write whose payload came into a pipe has it in `piped` (its op's data is empty).
     async fn run(&self, e: Arc<Served>, class: IoClass, op: Op, piped: Option<Piped>) -> Done {
         let class = e.export.class.unwrap_or(class);
@@ -1063,7 +1061,7 @@ impl NbdServer {
 }
 
 /// A landing for write `op` on export `e` (its payload's first bytes, `head`, put there
-/// already), with its share of the read-modify-write lock: `None` if the write asks to be
+/// already, under a share of the read-modify-write lock): `None` if the write asks to be
 /// durable (FUA), is not whole blocks, finds a read-modify-write holding or waiting for the
 /// lock, or the device lends no pages for it; it then goes the usual way.
 fn land(e: &Arc<Served>, op: &Op, head: &Bytes) -> Option<Taking> {
@@ -1076,11 +1074,12 @@ fn land(e: &Arc<Served>, op: &Op, head: &Bytes) -> Option<Taking> {
     {
         return None;
     }
-    let share = Arc::clone(&e.rmw).try_read_owned().ok()?;
+    let share = e.rmw.try_read().ok()?;
     let mut l = dev.write_landing(op.offset / 512, op.length / 512)?;
     // A head too long for the write cannot be (the session cuts it): refused, not landed.
     l.put(head).ok()?;
-    Some(Taking::Land(l, share))
+    drop(share);
+    Some(Taking::Land(l, Arc::clone(&e.rmw)))
 }
 
 /// Writes `chunks` (replies' headers and payloads, as the session gives them) one after
@@ -1185,9 +1184,9 @@ struct Raw {
 enum Taking {
     /// A pipe (and memory), for the device to write from.
     Pipe(Piped),
-    /// The device's own pages, with the write's share of the export's read-modify-write
-    /// lock held until it is finished.
-    Land(Landing, tokio::sync::OwnedRwLockReadGuard<()>),
+    /// The device's own pages, and the export's read-modify-write lock: each read into
+    /// them is made under a share of it (see [`Receiver::land`]).
+    Land(Landing, Arc<tokio::sync::RwLock<()>>),
 }
 
 /// What one connection's drive keeps across a TLS upgrade.
@@ -1247,7 +1246,7 @@ const CACHE_MAX: u64 = 128 << 20;
 /// and the two then handed it back and forth (a striped volume's 4 KiB writes through the
 /// page cache, one job over a Unix socket: 46,000 context switches in 3 s instead of 800,
 /// 120-146 k writes a second instead of 166-171 k; see docs/nbd-performance.md).
-async fn shared(rmw: &tokio::sync::RwLock<()>) -> tokio::sync::RwLockReadGuard<'_, ()> {
+pub(super) async fn shared(rmw: &tokio::sync::RwLock<()>) -> tokio::sync::RwLockReadGuard<'_, ()> {
     match rmw.try_read() {
         Ok(g) => g,
         Err(_) => rmw.read().await,

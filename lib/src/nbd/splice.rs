@@ -62,14 +62,23 @@ impl Receiver {
         Ok(())
     }
 
-    /// Receives into `l` from the socket until it is full. Stopping it (dropping the
-    /// future) loses nothing: what was taken is in `l`, and the next call goes on.
+    /// Receives into `l` from the socket until it is full, each read under a share of the
+    /// export's read-modify-write lock `rmw`, taken once bytes are waiting and let go
+    /// before the next wait: a read-modify-write of a block of the write (which would put
+    /// back the bytes it read) comes wholly before or after each read, and a client slow
+    /// to send its payload holds no other writer up. Stopping it (dropping the future)
+    /// loses nothing: what was taken is in `l`, and the next call goes on.
     ///
     /// # Errors
     /// The socket's; `UnexpectedEof` if the client closed it first.
-    pub(super) async fn land(&self, l: &mut Landing) -> io::Result<()> {
+    pub(super) async fn land(
+        &self,
+        l: &mut Landing,
+        rmw: &tokio::sync::RwLock<()>,
+    ) -> io::Result<()> {
         while !l.is_full() {
             let mut ready = self.sock.readable().await?;
+            let _share = super::server::shared(rmw).await;
             if let Ok(r) = ready.try_io(|s| l.receive_from(s.as_fd())) {
                 r?;
             }
