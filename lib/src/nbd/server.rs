@@ -863,17 +863,16 @@ impl NbdServer {
                 // into pipes (TCP), where the device writes from them.
                 let e = s.export().and_then(|e| self.served.get(&e.name));
                 if let Some(e) = e.filter(|e| !e.export.read_only) {
-                    if raw.receive.is_none() && e.export.device.lands_writes() {
-                        own_rx = raw.sock.as_ref().and_then(|s| Receiver::new(s.as_fd()));
+                    let dev = &e.export.device;
+                    if dev.lands_writes() {
+                        if raw.receive.is_none() {
+                            own_rx = raw.sock.as_ref().and_then(|s| Receiver::new(s.as_fd()));
+                        }
+                        landing = raw.receive.is_some() || own_rx.is_some();
                     }
-                    if (raw.receive.is_some() || own_rx.is_some()) && e.export.device.lands_writes()
-                    {
-                        landing = true;
+                    if landing {
                         s.hand_off_payloads(Some((LAND_FROM as u64, HAND_OFF_MAX)));
-                    } else if raw.receive.is_some()
-                        && raw.pipes
-                        && e.export.device.takes_piped_writes()
-                    {
+                    } else if raw.receive.is_some() && raw.pipes && dev.takes_piped_writes() {
                         s.hand_off_payloads(Some((HAND_OFF_FROM, HAND_OFF_MAX)));
                     }
                 }
