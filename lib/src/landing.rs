@@ -307,14 +307,18 @@ impl Landing {
                         return Err(e);
                     }
                     // Nothing of the failed read was taken off the socket: the rest goes
-                    // to memory, from this byte on.
-                    self.spill();
+                    // to memory, from this byte on (below).
                 }
             }
         }
-        let r = self.rest.as_mut().expect("spilled above or before");
+        let (at, left) = (self.got, self.len - self.got);
+        let r = self.rest.get_or_insert_with(|| Rest {
+            at,
+            bytes: Vec::with_capacity(left),
+        });
         let had = r.bytes.len();
-        r.bytes.resize(had + want, 0);
+        // In steps, so that a read of a few bytes does not zero the whole rest first.
+        r.bytes.resize(had + want.min(256 << 10), 0);
         let buf = &mut r.bytes[had..];
         // SAFETY: read writes at most `buf.len()` bytes into `buf`, our own memory borrowed
         // mutably for the call, and keeps no pointer. Exercised by
