@@ -1183,6 +1183,9 @@ impl Raid {
         let step = (need / 8).clamp(chunk, 64 << 10);
         let mut at = from;
         while at < need {
+            // A background loop over every row: it spends the task's budget a row (the
+            // stripe lock, taken at once, no longer does), so that it yields now and then.
+            tokio::task::coop::consume_budget().await;
             let n = chunk.min(need - at);
             // The stripe (raid10: the chunk) stays locked from its read to the rebuilt
             // member's write and the progress that makes writers write it too: a client's
@@ -1277,6 +1280,8 @@ impl Raid {
         match &self.geo {
             MdGeometry::Parity(g) => {
                 for stripe in 0..g.stripes() {
+                    // A row's budget, as in `rebuild_rows`.
+                    tokio::task::coop::consume_budget().await;
                     let s = g.stripe(stripe);
                     let _stripe = self.stripe_lock(stripe).await;
                     let at = stripe * g.chunk();
@@ -1294,6 +1299,7 @@ impl Raid {
             MdGeometry::Raid10(r) => {
                 let mut l = 0;
                 while l < r.total_sectors() {
+                    tokio::task::coop::consume_budget().await;
                     let _stripe = self.stripe_lock(l / r.chunk()).await;
                     let d = Bytes::from(self.read_copy(r, l, r.chunk(), None, opts).await?);
                     for (m, at) in r.copies(l).into_iter().skip(1) {
