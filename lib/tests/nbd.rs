@@ -285,6 +285,23 @@ async fn files_device(
     Arc::new(vol)
 }
 
+/// A 16 MiB file in a directory of its own under /dev/shm (named for `tag`), opened as
+/// `serve` opens it, where it lends its pages (tmpfs); else `None`, with the reason printed.
+async fn shm_device(tag: &str) -> Option<(std::path::PathBuf, Arc<dyn DynBlockDevice>)> {
+    let shm = std::path::PathBuf::from(format!("/dev/shm/tagstripe-{tag}-{}", std::process::id()));
+    if std::fs::create_dir_all(&shm).is_err() {
+        eprintln!("skipped: no /dev/shm here");
+        return None;
+    }
+    let dev = files_device(&shm, 1, 16 << 20, false, 128).await;
+    if !dev.lands_writes() {
+        eprintln!("skipped: /dev/shm is not tmpfs here (no landing in place)");
+        std::fs::remove_dir_all(&shm).unwrap();
+        return None;
+    }
+    Some((shm, dev))
+}
+
 /// Serves one file and then a striped volume of four (opened as `serve` opens them, with
 /// `O_DIRECT` if `direct`) and runs 6 rounds of 16 concurrent regions: a write of 512 KiB,
 /// then a read of it whole and of a 64 KiB piece; then reads a region never written.
@@ -579,17 +596,9 @@ async fn large_write_payloads_come_off_the_socket_into_pipes() {
 /// stalled write's own bytes are those of the client or as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_payload_received_in_place_holds_up_no_other_writer() {
-    let shm = std::path::PathBuf::from(format!("/dev/shm/tagstripe-stall-{}", std::process::id()));
-    if std::fs::create_dir_all(&shm).is_err() {
-        eprintln!("skipped: no /dev/shm here");
+    let Some((shm, dev)) = shm_device("stall").await else {
         return;
-    }
-    let dev = files_device(&shm, 1, 16 << 20, false, 128).await;
-    if !dev.lands_writes() {
-        eprintln!("skipped: /dev/shm is not tmpfs here (no landing in place)");
-        std::fs::remove_dir_all(&shm).unwrap();
-        return;
-    }
+    };
     let server = Arc::new(NbdServer::new(ServerConfig::default()).export("d", Arc::clone(&dev)));
     let sock = shm.join("s.sock");
     let l = tokio::net::UnixListener::bind(&sock).unwrap();
@@ -653,6 +662,91 @@ async fn a_stalled_payload_received_in_place_holds_up_no_other_writer() {
         .unwrap();
     assert!(got.iter().all(|&b| b == 0 || b == 0x5a));
     server.shutdown();
+    std::fs::remove_dir_all(&shm).unwrap();
+}
+
+/// 64 KiB writes each sent whole with its header, one after the other, to a file in
+/// /dev/shm: after the first, the server reads each request header alone, and every
+/// payload is received in place (read with its header into memory, it would be written
+/// from there); reads among them are answered as usual, and what is read back is what was
+/// written. Over a Unix socket and over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_sent_with_their_headers_are_received_in_place() {
+    let Some((shm, dev)) = shm_device("whole").await else {
+        return;
+    };
+    let sock = shm.join("s.sock");
+    let unix = Arc::new(NbdServer::new(ServerConfig::default()).export("d", Arc::clone(&dev)));
+    tokio::spawn(Arc::clone(&unix).serve_unix(tokio::net::UnixListener::bind(&sock).unwrap()));
+    let (url, tcp) =
+        start(NbdServer::new(ServerConfig::default()).export("d", Arc::clone(&dev))).await;
+    const WRITES: u64 = 40;
+    let mut want = vec![0u8; 16 << 20];
+    for (how, server) in [("unix", unix), ("tcp", tcp)] {
+        let mut c: Box<dyn RawStream> = if how == "unix" {
+            Box::new(tokio::net::UnixStream::connect(&sock).await.unwrap())
+        } else {
+            let addr = url.trim_start_matches("nbd://");
+            Box::new(TcpStream::connect(addr).await.unwrap())
+        };
+        export_name(&mut c, "d").await;
+        for i in 0..WRITES {
+            let at = (i * 7 % 256) << 16;
+            let data = pattern(i + if how == "unix" { 0 } else { 1000 }, 64 << 10);
+            want[at as usize..][..64 << 10].copy_from_slice(&data);
+            let w = proto::Request {
+                flags: 0,
+                command: proto::Command::Write,
+                handle: i,
+                offset: at,
+                length: 64 << 10,
+            };
+            let mut wire = w.encode().to_vec();
+            wire.extend_from_slice(&data);
+            // A read of what was written before, every fourth request.
+            let read = (i % 4 == 3).then(|| {
+                let r = proto::Request {
+                    command: proto::Command::Read,
+                    handle: 1000 + i,
+                    length: 4096,
+                    ..w
+                };
+                r.encode()
+            });
+            c.write_all(&wire).await.unwrap();
+            let mut h = [0u8; 16];
+            c.read_exact(&mut h).await.unwrap();
+            assert_eq!(
+                proto::SimpleReply::parse(&h).unwrap().error,
+                0,
+                "{how}: write {i}"
+            );
+            if let Some(r) = read {
+                c.write_all(&r).await.unwrap();
+                c.read_exact(&mut h).await.unwrap();
+                assert_eq!(
+                    proto::SimpleReply::parse(&h).unwrap().error,
+                    0,
+                    "{how}: read {i}"
+                );
+                let mut got = vec![0u8; 4096];
+                c.read_exact(&mut got).await.unwrap();
+                assert!(got == data[..4096], "{how}: read {i}");
+            }
+        }
+        let landed = server
+            .counters()
+            .bytes_received_in_place
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            landed >= (WRITES - 1) * (64 << 10),
+            "{how}: {landed} bytes of {} received in place",
+            WRITES * (64 << 10)
+        );
+        let got = dev.read(0, (16 << 20) / 512, IoOpts::new()).await.unwrap();
+        assert!(got == want, "{how}: read back");
+        server.shutdown();
+    }
     std::fs::remove_dir_all(&shm).unwrap();
 }
 

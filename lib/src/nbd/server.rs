@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use tagstripe_scheduler::IoClass;
@@ -899,6 +899,10 @@ impl NbdServer {
                 }
             };
             let is_taking = taking.is_some();
+            // Up to the end of the next header where the session asks it (a large write's
+            // payload then stays on the stream for the device's pages).
+            let limit = s.input_limit().unwrap_or(usize::MAX);
+            let mut input = BufMut::limit(s.input_buffer(), limit);
             let take = async {
                 match (&mut taking, own_rx.as_ref().or(raw.receive.as_ref())) {
                     (Some((_, Taking::Pipe(p), total)), Some(rx)) => rx.fill(p, *total).await,
@@ -910,7 +914,7 @@ impl NbdServer {
                 // Plugged: the requests the ops start in one poll reach each device in
                 // one submission.
                 Some(done) = crate::Plugged::new(running.next()), if !running.is_empty() => Event::Done(done),
-                n = r.read_buf(s.input_buffer()), if want_read => Event::Read(n),
+                n = r.read_buf(&mut input), if want_read => Event::Read(n),
                 t = take, if is_taking => Event::Taken(t),
                 _ = stop.changed(), if !stopped => Event::Stop,
                 () = &mut deadline, if negotiating => Event::Timeout,

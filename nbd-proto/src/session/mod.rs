@@ -394,6 +394,9 @@ struct Pending {
 pub(crate) const PAYLOAD_ALIGN: usize = 4096;
 /// The smallest write payload piece received aligned.
 pub(crate) const ALIGN_FROM: usize = 32 << 10;
+/// Request headers read alone after a write long enough to hand off (see
+/// [`ServerSession::input_limit`]).
+pub(crate) const STEER_HEADERS: u32 = 16;
 /// Room the input buffer has for reads (and keeps beyond a large payload).
 pub(crate) const INPUT_ROOM: usize = 64 << 10;
 
@@ -456,6 +459,9 @@ pub struct ServerSession {
     /// Write pieces handed off to the caller: (at least this many bytes on the stream, at
     /// most this long).
     hand_off: Option<(u64, u64)>,
+    /// Request headers still to be read alone (see [`ServerSession::input_limit`]): set
+    /// when a write long enough to hand off arrives, one less for each other request.
+    steer: u32,
 }
 
 /// Option data larger than this is thrown away and refused (`NBD_REP_ERR_TOO_BIG`).
@@ -502,6 +508,7 @@ impl ServerSession {
             tls_active: false,
             starttls: false,
             hand_off: None,
+            steer: 0,
         };
         let hello = proto::Hello {
             flags: proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES,
@@ -647,6 +654,63 @@ impl ServerSession {
     #[must_use]
     pub fn tls_active(&self) -> bool {
         self.tls_active
+    }
+
+    /// At most how many bytes the caller should read next, if it matters: `Some` while
+    /// payloads are [handed off](Self::hand_off_payloads) and writes long enough to be
+    /// have come lately, the bytes up to the end of the next request header. A header read
+    /// alone leaves a write's whole payload on the stream, to be handed off (a read of as
+    /// much as the buffer holds takes it in with its header, often all of it, and the
+    /// caller then writes it from memory). Never `Some(0)`.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tagstripe_nbd_proto::session::{Catalog, ExportEntry, OpKind, Outcome, ServerSession, SessionConfig};
+    /// # use tagstripe_nbd_proto::proto;
+    /// # let catalog = Arc::new(Catalog::new().with(ExportEntry::new("disk", 1 << 20)));
+    /// # let mut s = ServerSession::new(catalog, SessionConfig::default());
+    /// # let mut c = (proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+    /// # c.extend(proto::OptionHeader { option: proto::OPT_EXPORT_NAME, length: 4 }.encode());
+    /// # c.extend(b"disk");
+    /// # s.receive(&c).unwrap();
+    /// # while s.take_output().is_some() {}
+    /// s.hand_off_payloads(Some((32 << 10, 1 << 20)));
+    /// assert_eq!(s.input_limit(), None);
+    /// // A 64 KiB write came whole with its header: it is written from memory ...
+    /// let w = proto::Request { flags: 0, command: proto::Command::Write, handle: 1, offset: 0, length: 64 << 10 };
+    /// let mut wire = w.encode().to_vec();
+    /// wire.extend([7u8; 64 << 10]);
+    /// s.receive(&wire).unwrap();
+    /// let op = s.poll_op().unwrap();
+    /// assert_eq!(op.on_stream, 0);
+    /// // ... and the next header is read alone (28 bytes, a compact request).
+    /// assert_eq!(s.input_limit(), Some(28));
+    /// s.receive(&w.encode()[..10]).unwrap();
+    /// assert_eq!(s.input_limit(), Some(18));
+    /// ```
+    #[must_use]
+    pub fn input_limit(&self) -> Option<usize> {
+        if self.steer == 0 || self.phase != Phase::Transmission {
+            return None;
+        }
+        let header = if self.extended {
+            ExtendedRequest::LEN
+        } else {
+            Request::LEN
+        } as u64;
+        let have = self.input.len() as u64;
+        let to_header_end = match self.payload {
+            None => header,
+            Some(Payload::Write { left, .. }) => {
+                // The rest of the piece being read, then the next header if it is the last.
+                let step = u64::from(self.config.max_request);
+                left.min(step) + if left <= step { header } else { 0 }
+            }
+            Some(_) => return None,
+        };
+        usize::try_from(to_header_end.checked_sub(have)?)
+            .ok()
+            .filter(|n| *n > 0)
     }
 
     /// Whether the caller should read more client bytes now.
@@ -1091,6 +1155,129 @@ mod tests {
         let reply = s.take_output().unwrap();
         assert_eq!(SimpleReply::parse(&reply).unwrap().handle, 5);
         assert!(s.is_finished());
+    }
+
+    /// After a write long enough to hand off, the session asks for each request header to
+    /// be read alone (the bytes up to its end, whatever was read of it), and for a small
+    /// write's payload with the next header, so that the next long write's payload stays on
+    /// the stream and is handed off whole; reads and small writes count down, and after
+    /// [`STEER_HEADERS`] of them it asks no more; a long write sets it going again. With
+    /// extended headers a header is 32 bytes. Without hand-offs it never asks.
+    #[test]
+    fn after_a_long_write_each_request_header_is_read_alone() {
+        for extended in [false, true] {
+            let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 64 << 20)));
+            let mut s = ServerSession::new(catalog, SessionConfig::default());
+            while s.take_output().is_some() {}
+            s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+                .unwrap();
+            if extended {
+                assert_eq!(
+                    option(&mut s, proto::OPT_EXTENDED_HEADERS, &[]),
+                    [proto::REP_ACK]
+                );
+            }
+            assert_eq!(
+                option(&mut s, proto::OPT_GO, &go_data()).last(),
+                Some(&proto::REP_ACK)
+            );
+            let header = if extended { 32 } else { 28 };
+            let request = |command: Command, handle: u64, length: u32| {
+                if extended {
+                    ExtendedRequest {
+                        flags: if command == Command::Write {
+                            proto::CMD_FLAG_PAYLOAD_LEN
+                        } else {
+                            0
+                        },
+                        command,
+                        handle,
+                        offset: (handle % 48) << 20,
+                        length: u64::from(length),
+                    }
+                    .encode()
+                    .to_vec()
+                } else {
+                    Request {
+                        flags: 0,
+                        command,
+                        handle,
+                        offset: (handle % 48) << 20,
+                        length,
+                    }
+                    .encode()
+                    .to_vec()
+                }
+            };
+            let mut ids = Vec::new();
+            // Answers what was let out (with no more than a few ops in flight at once).
+            let take = |s: &mut ServerSession, ids: &mut Vec<u64>| {
+                while let Some(op) = s.poll_op() {
+                    ids.push(op.id);
+                }
+                for id in ids.drain(..) {
+                    s.complete(id, Ok(Outcome::Done));
+                }
+                while s.take_output().is_some() {}
+            };
+            // No hand-offs: a long write changes nothing.
+            let mut wire = request(Command::Write, 1, 64 << 10);
+            wire.extend(vec![1u8; 64 << 10]);
+            s.receive(&wire).unwrap();
+            take(&mut s, &mut ids);
+            assert_eq!(s.input_limit(), None, "extended {extended}");
+            s.hand_off_payloads(Some((32 << 10, 1 << 20)));
+            // A short write and a read: not yet.
+            let mut wire = request(Command::Write, 2, 4096);
+            wire.extend([2u8; 4096]);
+            wire.extend(request(Command::Read, 3, 4096));
+            s.receive(&wire).unwrap();
+            take(&mut s, &mut ids);
+            assert_eq!(s.input_limit(), None, "extended {extended}");
+            // A long write that came whole with its header.
+            let mut wire = request(Command::Write, 4, 48 << 10);
+            wire.extend(vec![4u8; 48 << 10]);
+            s.receive(&wire).unwrap();
+            take(&mut s, &mut ids);
+            assert_eq!(s.input_limit(), Some(header), "extended {extended}");
+            // Part of a header came: the rest of it.
+            let next = request(Command::Write, 5, 64 << 10);
+            s.receive(&next[..10]).unwrap();
+            assert_eq!(s.input_limit(), Some(header - 10), "extended {extended}");
+            s.receive(&next[10..]).unwrap();
+            let op = s.poll_op().expect("handed off whole");
+            assert_eq!(op.on_stream, 64 << 10, "extended {extended}");
+            assert!(matches!(&op.kind, OpKind::Write(h) if h.is_empty()));
+            s.payload_taken();
+            ids.push(op.id);
+            assert_eq!(s.input_limit(), Some(header), "extended {extended}");
+            // A short write: its payload, then the next header.
+            s.receive(&request(Command::Write, 6, 4096)).unwrap();
+            assert_eq!(s.input_limit(), Some(4096 + header), "extended {extended}");
+            s.receive(&[6u8; 1000]).unwrap();
+            assert_eq!(s.input_limit(), Some(3096 + header), "extended {extended}");
+            s.receive(&[6u8; 3096]).unwrap();
+            take(&mut s, &mut ids);
+            assert_eq!(s.input_limit(), Some(header), "extended {extended}");
+            // Reads count down: STEER_HEADERS requests in all that are no long write.
+            for h in 7..7 + u64::from(STEER_HEADERS) - 2 {
+                s.receive(&request(Command::Read, h, 4096)).unwrap();
+                take(&mut s, &mut ids);
+                assert_eq!(s.input_limit(), Some(header), "extended {extended}, {h}");
+            }
+            s.receive(&request(Command::Read, 99, 4096)).unwrap();
+            take(&mut s, &mut ids);
+            assert_eq!(s.input_limit(), None, "extended {extended}");
+            // A long write sets it going again.
+            s.receive(&request(Command::Write, 100, 1 << 20)).unwrap();
+            let op = s.poll_op().expect("handed off");
+            assert_eq!(op.on_stream, 1 << 20);
+            s.payload_taken();
+            ids.push(op.id);
+            assert_eq!(s.input_limit(), Some(header), "extended {extended}");
+            take(&mut s, &mut ids);
+            assert!(s.error.is_none() && s.in_flight() == 0);
+        }
     }
 
     /// Rebuilds a read's data from the chunks of its structured reply: (data, holes, data

@@ -54,6 +54,13 @@ impl ServerSession {
             return Ok(false);
         }
         self.stats.requests += 1;
+        if let Some((min, _)) = self.hand_off {
+            self.steer = if command == Command::Write && length >= min {
+                STEER_HEADERS
+            } else {
+                self.steer.saturating_sub(1)
+            };
+        }
         self.request(flags, command, cookie, offset, length)?;
         Ok(true)
     }
