@@ -7,6 +7,8 @@
 //! the `extension-ext-header` branch of the same document (64-bit lengths, as qemu 8.2+ and
 //! libnbd 1.18+ negotiate). All integers are big-endian.
 
+use bytes::BufMut;
+
 /// `NBDMAGIC`, the first 8 bytes a newstyle server sends.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: newstyle negotiation, and the prefix of every option the client sends.
@@ -794,21 +796,20 @@ impl ChunkHeader {
 
     /// Appends the header, extended or structured, to `out`. A structured header's length
     /// is 32 bits: the caller keeps payloads below 4 GiB there.
-    pub fn encode_into(&self, extended: bool, out: &mut Vec<u8>) {
-        if extended {
-            out.extend_from_slice(&EXTENDED_REPLY_MAGIC.to_be_bytes());
+    pub fn encode_into<B: BufMut>(&self, extended: bool, out: &mut B) {
+        out.put_u32(if extended {
+            EXTENDED_REPLY_MAGIC
         } else {
-            out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
-        }
-        out.extend_from_slice(&self.flags.to_be_bytes());
-        out.extend_from_slice(&self.kind.to_be_bytes());
-        out.extend_from_slice(&self.handle.to_be_bytes());
+            STRUCTURED_REPLY_MAGIC
+        });
+        out.put_u16(self.flags);
+        out.put_u16(self.kind);
+        out.put_u64(self.handle);
         if extended {
-            out.extend_from_slice(&self.offset.to_be_bytes());
-            out.extend_from_slice(&self.length.to_be_bytes());
+            out.put_u64(self.offset);
+            out.put_u64(self.length);
         } else {
-            let len = u32::try_from(self.length).unwrap_or(u32::MAX);
-            out.extend_from_slice(&len.to_be_bytes());
+            out.put_u32(u32::try_from(self.length).unwrap_or(u32::MAX));
         }
     }
 }

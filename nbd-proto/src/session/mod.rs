@@ -397,6 +397,9 @@ pub(crate) const ALIGN_FROM: usize = 32 << 10;
 /// Request headers read alone after a write long enough to hand off (see
 /// [`ServerSession::input_limit`]).
 pub(crate) const STEER_HEADERS: u32 = 16;
+/// The room each buffer of replies' headers and small data is made with (see
+/// `ServerSession::seal`).
+pub(crate) const SMALL_ROOM: usize = 4 << 10;
 /// Room the input buffer has for reads (and keeps beyond a large payload).
 pub(crate) const INPUT_ROOM: usize = 64 << 10;
 
@@ -428,7 +431,8 @@ pub struct ServerSession {
     phase: Phase,
     input: BytesMut,
     output: VecDeque<Bytes>,
-    small: Vec<u8>,
+    /// Replies' headers and small data, gathered to be sent as one item.
+    small: BytesMut,
     /// Bytes of payload held for each output item (returned to the budget when taken).
     out_budget: VecDeque<u64>,
     no_zeroes: bool,
@@ -486,7 +490,7 @@ impl ServerSession {
             phase: Phase::Hello,
             input: BytesMut::with_capacity(INPUT_ROOM),
             output: VecDeque::new(),
-            small: Vec::new(),
+            small: BytesMut::with_capacity(SMALL_ROOM),
             out_budget: VecDeque::new(),
             no_zeroes: false,
             structured: false,
@@ -1277,6 +1281,59 @@ mod tests {
             assert_eq!(s.input_limit(), Some(header), "extended {extended}");
             take(&mut s, &mut ids);
             assert!(s.error.is_none() && s.in_flight() == 0);
+        }
+    }
+
+    /// The headers of structured replies are split off one buffer, one after the other (no
+    /// allocation of their own per reply), and each says what it should.
+    #[test]
+    fn reply_headers_share_one_buffer() {
+        let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 1 << 20)));
+        let mut s = ServerSession::new(catalog, SessionConfig::default());
+        while s.take_output().is_some() {}
+        s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+            .unwrap();
+        assert_eq!(
+            option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
+            [proto::REP_ACK]
+        );
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()).last(),
+            Some(&proto::REP_ACK)
+        );
+        let mut heads: Vec<Bytes> = Vec::new();
+        for handle in 1..=20u64 {
+            let r = Request {
+                flags: 0,
+                command: Command::Read,
+                handle,
+                offset: handle * 4096,
+                length: 4096,
+            };
+            s.receive(&r.encode()).unwrap();
+            let op = s.poll_op().expect("the read");
+            let data = Bytes::from(vec![handle as u8; 4096]);
+            s.complete(op.id, Ok(Outcome::Data(data)));
+            let head = s.take_output().expect("the header");
+            assert_eq!(s.take_output().expect("the data")[..], [handle as u8; 4096]);
+            let (h, _) = ChunkHeader::parse(&head).unwrap();
+            assert_eq!(
+                (h.handle, h.kind, h.flags, h.length),
+                (
+                    handle,
+                    proto::REPLY_TYPE_OFFSET_DATA,
+                    proto::REPLY_FLAG_DONE,
+                    8 + 4096
+                )
+            );
+            assert_eq!(
+                head[ChunkHeader::STRUCTURED_LEN..],
+                (handle * 4096).to_be_bytes()
+            );
+            heads.push(head);
+        }
+        for w in heads.windows(2) {
+            assert_eq!(w[1].as_ptr(), w[0].as_ptr().wrapping_add(w[0].len()));
         }
     }
 

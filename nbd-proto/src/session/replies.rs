@@ -220,9 +220,12 @@ impl ServerSession {
     }
 
     /// Moves the small bytes gathered so far into the output as one item.
+    /// (Split off the buffer they share: no allocation per reply. A full buffer is taken up
+    /// again once what was split off it has gone, else a new one of at least [`SMALL_ROOM`]
+    /// bytes is made.)
     pub(super) fn seal(&mut self) {
-        let b = std::mem::take(&mut self.small);
-        self.output.push_back(Bytes::from(b));
+        let b = self.small.split().freeze();
+        self.output.push_back(b);
         self.out_budget.push_back(0);
     }
 
@@ -276,7 +279,20 @@ impl ServerSession {
 
     /// A chunk's header and its own payload, for `dlen` bytes of data to follow.
     fn chunk_head(&mut self, cookie: u64, req_off: u64, flags: u16, c: &Chunk, dlen: u64) {
-        let payload = c.encode(self.extended);
+        // A read's chunk (an offset) and the last chunk (nothing) are encoded in place: no
+        // buffer of their own per reply.
+        let (offset, encoded);
+        let payload: &[u8] = match c {
+            Chunk::None => &[],
+            Chunk::OffsetData { offset: o } => {
+                offset = o.to_be_bytes();
+                &offset
+            }
+            _ => {
+                encoded = c.encode(self.extended);
+                &encoded
+            }
+        };
         let h = ChunkHeader {
             flags,
             kind: c.kind(self.extended),
@@ -285,7 +301,7 @@ impl ServerSession {
             length: payload.len() as u64 + dlen,
         };
         h.encode_into(self.extended, &mut self.small);
-        self.small.extend_from_slice(&payload);
+        self.small.extend_from_slice(payload);
     }
 
     pub(super) fn ok_reply(&mut self, cookie: u64, offset: u64) {
