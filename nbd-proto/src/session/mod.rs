@@ -911,6 +911,24 @@ mod tests {
         kinds
     }
 
+    /// A session in transmission on export "vol" (64 MiB), the options `opts` (each without
+    /// data) acknowledged before `NBD_OPT_GO`.
+    fn transmitting(opts: &[u32]) -> ServerSession {
+        let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 64 << 20)));
+        let mut s = ServerSession::new(catalog, SessionConfig::default());
+        while s.take_output().is_some() {}
+        s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+            .unwrap();
+        for &o in opts {
+            assert_eq!(option(&mut s, o, &[]), [proto::REP_ACK], "option {o}");
+        }
+        assert_eq!(
+            option(&mut s, proto::OPT_GO, &go_data()).last(),
+            Some(&proto::REP_ACK)
+        );
+        s
+    }
+
     fn go_data() -> Vec<u8> {
         InfoRequest {
             name: "vol".to_owned(),
@@ -1170,21 +1188,11 @@ mod tests {
     #[test]
     fn after_a_long_write_each_request_header_is_read_alone() {
         for extended in [false, true] {
-            let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 64 << 20)));
-            let mut s = ServerSession::new(catalog, SessionConfig::default());
-            while s.take_output().is_some() {}
-            s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
-                .unwrap();
-            if extended {
-                assert_eq!(
-                    option(&mut s, proto::OPT_EXTENDED_HEADERS, &[]),
-                    [proto::REP_ACK]
-                );
-            }
-            assert_eq!(
-                option(&mut s, proto::OPT_GO, &go_data()).last(),
-                Some(&proto::REP_ACK)
-            );
+            let mut s = transmitting(if extended {
+                &[proto::OPT_EXTENDED_HEADERS]
+            } else {
+                &[]
+            });
             let header = if extended { 32 } else { 28 };
             let request = |command: Command, handle: u64, length: u32| {
                 if extended {
@@ -1288,19 +1296,7 @@ mod tests {
     /// allocation of their own per reply), and each says what it should.
     #[test]
     fn reply_headers_share_one_buffer() {
-        let catalog = Arc::new(Catalog::new().with(ExportEntry::new("vol", 1 << 20)));
-        let mut s = ServerSession::new(catalog, SessionConfig::default());
-        while s.take_output().is_some() {}
-        s.receive(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
-            .unwrap();
-        assert_eq!(
-            option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]),
-            [proto::REP_ACK]
-        );
-        assert_eq!(
-            option(&mut s, proto::OPT_GO, &go_data()).last(),
-            Some(&proto::REP_ACK)
-        );
+        let mut s = transmitting(&[proto::OPT_STRUCTURED_REPLY]);
         let mut heads: Vec<Bytes> = Vec::new();
         for handle in 1..=20u64 {
             let r = Request {
