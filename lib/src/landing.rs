@@ -105,42 +105,42 @@ fn size_now(file: &File) -> Option<u64> {
     file.metadata().ok().map(|m| m.len())
 }
 
+/// What a device tells its [`LazyWritable`] about itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lender<'a> {
+    /// The device's file.
+    pub(crate) file: &'a File,
+    /// Its size in sectors.
+    pub(crate) sectors: u64,
+    /// Opened read-only: lends nothing.
+    pub(crate) read_only: bool,
+    /// Opened with `O_DIRECT`: lends nothing.
+    pub(crate) direct: bool,
+}
+
 /// A device's writable mapping, made when a server first asks whether the device lands
 /// writes (a device nobody serves maps nothing).
 #[derive(Debug, Default)]
 pub(crate) struct LazyWritable(OnceLock<Option<Arc<Writable>>>);
 
 impl LazyWritable {
-    /// The mapping of `file`, a device of `sectors` sectors (made now if not yet); `None`
-    /// if the device does not lend its pages: `read_only`, opened with `O_DIRECT`
-    /// (`direct`), or not a file in memory (see [`Writable::new`]).
-    pub(crate) fn get(
-        &self,
-        file: &File,
-        sectors: u64,
-        read_only: bool,
-        direct: bool,
-    ) -> Option<&Arc<Writable>> {
-        if read_only || direct {
+    /// The mapping of device `d`'s file (made now if not yet); `None` if the device does
+    /// not lend its pages: read-only, opened with `O_DIRECT`, or not a file in memory (see
+    /// [`Writable::new`]).
+    pub(crate) fn get(&self, d: Lender<'_>) -> Option<&Arc<Writable>> {
+        if d.read_only || d.direct {
             return None;
         }
         self.0
-            .get_or_init(|| Writable::new(file, sectors.saturating_mul(512)))
+            .get_or_init(|| Writable::new(d.file, d.sectors.saturating_mul(512)))
             .as_ref()
     }
 
-    /// A landing for `sectors` sectors at `start` of `device` (`file`, its size in
-    /// sectors, read-only, `O_DIRECT`: see [`get`](Self::get)): `None` if the device does
-    /// not lend its pages, the write is smaller than [`LAND_FROM`], or it does not lie
-    /// inside the mapping and the file as it is now.
-    pub(crate) fn landing(
-        &self,
-        device: (&File, u64, bool, bool),
-        start: u64,
-        sectors: u64,
-    ) -> Option<Landing> {
-        let (file, size, read_only, direct) = device;
-        let map = self.get(file, size, read_only, direct)?;
+    /// A landing for `sectors` sectors at `start` of device `d`: `None` if the device
+    /// does not lend its pages (see [`get`](Self::get)), the write is smaller than
+    /// [`LAND_FROM`], or it does not lie inside the mapping and the file as it is now.
+    pub(crate) fn landing(&self, d: Lender<'_>, start: u64, sectors: u64) -> Option<Landing> {
+        let map = self.get(d)?;
         let len = usize::try_from(sectors).ok()?.checked_mul(512)?;
         let off = start.checked_mul(512)?;
         let end = off.checked_add(u64::try_from(len).ok()?)?;
@@ -390,8 +390,13 @@ mod tests {
     }
 
     /// A device of `len` bytes over `f`, writable, through the page cache.
-    fn dev(f: &File, len: usize) -> (&File, u64, bool, bool) {
-        (f, len as u64 / 512, false, false)
+    fn dev(f: &File, len: usize) -> Lender<'_> {
+        Lender {
+            file: f,
+            sectors: len as u64 / 512,
+            read_only: false,
+            direct: false,
+        }
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -451,11 +456,7 @@ mod tests {
             eprintln!("skipped in part: the sources are on tmpfs here");
         } else {
             let len = f.metadata().unwrap().len() as usize / 512 * 512;
-            assert!(
-                LazyWritable::default()
-                    .get(&f, len as u64 / 512, false, false)
-                    .is_none()
-            );
+            assert!(LazyWritable::default().get(dev(&f, len)).is_none());
         }
         let Some((path, f)) = shm_file("bounds", 1 << 20) else {
             return;
@@ -471,17 +472,19 @@ mod tests {
         assert!(lazy.landing(i, 1024, 64).is_none());
         assert!(lazy.landing(i, 0, 64).is_some());
         // Read-only, or O_DIRECT: nothing is mapped.
-        let ro = (&f, 2048, true, false);
+        let ro = Lender {
+            read_only: true,
+            ..dev(&f, 1 << 20)
+        };
         assert!(LazyWritable::default().landing(ro, 0, 64).is_none());
-        let direct = (&f, 2048, false, true);
+        let direct = Lender {
+            direct: true,
+            ..dev(&f, 1 << 20)
+        };
         assert!(LazyWritable::default().landing(direct, 0, 64).is_none());
         // Opened read-only: the mapping is refused.
         let r = File::open(&path).unwrap();
-        assert!(
-            LazyWritable::default()
-                .get(&r, 2048, false, false)
-                .is_none()
-        );
+        assert!(LazyWritable::default().get(dev(&r, 1 << 20)).is_none());
         let mut l = lazy.landing(i, 0, 64).unwrap();
         let e = l.put(&[0u8; 64 << 10]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
