@@ -666,7 +666,7 @@ async fn a_stalled_payload_received_in_place_holds_up_no_other_writer() {
 }
 
 /// 64 KiB writes each sent whole with its header, one after the other, to a file in
-/// /dev/shm: after the first, the server reads each request header alone, and every
+/// /dev/shm: after the first few, the server reads each request header alone, and every
 /// payload is received in place (read with its header into memory, it would be written
 /// from there); reads among them are answered as usual, and what is read back is what was
 /// written. Over a Unix socket and over TCP.
@@ -738,8 +738,10 @@ async fn payloads_sent_with_their_headers_are_received_in_place() {
             .counters()
             .bytes_received_in_place
             .load(std::sync::atomic::Ordering::Relaxed);
+        // All but the first few: the server reads headers alone once long writes make up
+        // much of what the client sends.
         assert!(
-            landed >= (WRITES - 1) * (64 << 10),
+            landed >= (WRITES - 8) * (64 << 10),
             "{how}: {landed} bytes of {} received in place",
             WRITES * (64 << 10)
         );

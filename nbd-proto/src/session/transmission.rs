@@ -55,11 +55,12 @@ impl ServerSession {
         }
         self.stats.requests += 1;
         if let Some((min, _)) = self.hand_off {
-            self.steer = if command == Command::Write && length >= min {
-                STEER_HEADERS
+            let long = if command == Command::Write && length >= min {
+                length.min(STEER_CAP)
             } else {
-                self.steer.saturating_sub(1)
+                0
             };
+            self.landable = self.landable - self.landable / STEER_WEIGHT + long / STEER_WEIGHT;
         }
         self.request(flags, command, cookie, offset, length)?;
         Ok(true)
