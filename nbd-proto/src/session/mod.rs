@@ -613,6 +613,8 @@ impl ServerSession {
     /// ```
     pub fn hand_off_payloads(&mut self, pieces: Option<(u64, u64)>) {
         self.hand_off = pieces.map(|(min, max)| (min.max(1), max));
+        // What was long enough before need not be now.
+        self.landable = 0;
     }
 
     /// The caller has taken from the stream the bytes the last op it was given with
@@ -673,8 +675,8 @@ impl ServerSession {
 
     /// At most how many bytes the caller should read next, if it matters: the bytes up to
     /// the end of the next request header, while payloads are
-    /// [handed off](Self::hand_off_payloads) and writes long enough to be make up much of
-    /// what the client sends lately (on average 16 KiB or more of them a request, over about
+    /// [handed off](Self::hand_off_payloads) and writes long enough to be handed off make
+    /// up much of what the client sends lately (on average 16 KiB or more of them a request, over about
     /// the last 16 requests). A header read alone leaves a write's whole payload on the
     /// stream, to be handed off (a read of as much as the buffer holds takes it in with its
     /// header, often all of it, and the caller then writes it from memory); it costs a read
@@ -711,7 +713,10 @@ impl ServerSession {
     /// ```
     #[must_use]
     pub fn input_limit(&self) -> Option<usize> {
-        if self.landable < STEER_FROM || self.phase != Phase::Transmission {
+        if self.hand_off.is_none()
+            || self.landable < STEER_FROM
+            || self.phase != Phase::Transmission
+        {
             return None;
         }
         let header = if self.extended {
@@ -1325,6 +1330,9 @@ mod tests {
             s.payload_taken();
             assert_eq!(s.input_limit(), Some(header), "extended {extended}");
             take(&mut s, &mut vec![op.id]);
+            // No more hand-offs: no more headers read alone.
+            s.hand_off_payloads(None);
+            assert_eq!(s.input_limit(), None, "extended {extended}");
             assert!(s.error.is_none() && s.in_flight() == 0);
         }
     }
