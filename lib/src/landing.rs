@@ -105,42 +105,42 @@ fn size_now(file: &File) -> Option<u64> {
     file.metadata().ok().map(|m| m.len())
 }
 
+/// What a device tells its [`LazyWritable`] about itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lender<'a> {
+    /// The device's file.
+    pub(crate) file: &'a File,
+    /// Its size in sectors.
+    pub(crate) sectors: u64,
+    /// Opened read-only: lends nothing.
+    pub(crate) read_only: bool,
+    /// Opened with `O_DIRECT`: lends nothing.
+    pub(crate) direct: bool,
+}
+
 /// A device's writable mapping, made when a server first asks whether the device lands
 /// writes (a device nobody serves maps nothing).
 #[derive(Debug, Default)]
 pub(crate) struct LazyWritable(OnceLock<Option<Arc<Writable>>>);
 
 impl LazyWritable {
-    /// The mapping of `file`, the device `info` describes (made now if not yet); `None` if
-    /// the device does not lend its pages: read-only, opened with `O_DIRECT` (`direct`), or
-    /// not a file in memory (see [`Writable::new`]).
-    pub(crate) fn get(
-        &self,
-        file: &File,
-        info: &crate::DeviceInfo,
-        direct: bool,
-    ) -> Option<&Arc<Writable>> {
-        if info.read_only || direct {
+    /// The mapping of device `d`'s file (made now if not yet); `None` if the device does
+    /// not lend its pages: read-only, opened with `O_DIRECT`, or not a file in memory (see
+    /// [`Writable::new`]).
+    pub(crate) fn get(&self, d: Lender<'_>) -> Option<&Arc<Writable>> {
+        if d.read_only || d.direct {
             return None;
         }
         self.0
-            .get_or_init(|| Writable::new(file, info.sectors.saturating_mul(512)))
+            .get_or_init(|| Writable::new(d.file, d.sectors.saturating_mul(512)))
             .as_ref()
     }
 
-    /// A landing for `sectors` sectors at `start` of the device `info` describes, over
-    /// `file`: `None` if the device does not lend its pages ([`get`](Self::get)), the
-    /// write is smaller than [`LAND_FROM`], or it does not lie inside the mapping and the
-    /// file as it is now.
-    pub(crate) fn landing(
-        &self,
-        file: &File,
-        info: &crate::DeviceInfo,
-        direct: bool,
-        start: u64,
-        sectors: u64,
-    ) -> Option<Landing> {
-        let map = self.get(file, info, direct)?;
+    /// A landing for `sectors` sectors at `start` of device `d`: `None` if the device
+    /// does not lend its pages (see [`get`](Self::get)), the write is smaller than
+    /// [`LAND_FROM`], or it does not lie inside the mapping and the file as it is now.
+    pub(crate) fn landing(&self, d: Lender<'_>, start: u64, sectors: u64) -> Option<Landing> {
+        let map = self.get(d)?;
         let len = usize::try_from(sectors).ok()?.checked_mul(512)?;
         let off = start.checked_mul(512)?;
         let end = off.checked_add(u64::try_from(len).ok()?)?;
@@ -389,8 +389,14 @@ mod tests {
         Some((path, f))
     }
 
-    fn info(len: usize) -> crate::DeviceInfo {
-        crate::DeviceInfo::new("landing", len as u64 / 512)
+    /// A device of `len` bytes over `f`, writable, through the page cache.
+    fn dev(f: &File, len: usize) -> Lender<'_> {
+        Lender {
+            file: f,
+            sectors: len as u64 / 512,
+            read_only: false,
+            direct: false,
+        }
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -410,9 +416,7 @@ mod tests {
             return;
         };
         let lazy = LazyWritable::default();
-        let mut l = lazy
-            .landing(&f, &info(1 << 20), false, 128, 256)
-            .expect("a landing");
+        let mut l = lazy.landing(dev(&f, 1 << 20), 128, 256).expect("a landing");
         assert_eq!(l.len(), 128 << 10);
         let (mut a, b) = UnixStream::pair().unwrap();
         b.set_nonblocking(true).unwrap();
@@ -433,7 +437,7 @@ mod tests {
             "after it untouched"
         );
         // Nothing more waiting: says so; the sender gone: the end.
-        let mut m = lazy.landing(&f, &info(1 << 20), false, 0, 64).unwrap();
+        let mut m = lazy.landing(dev(&f, 1 << 20), 0, 64).unwrap();
         let e = m.receive_from(b.as_fd()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         drop(a);
@@ -452,47 +456,36 @@ mod tests {
             eprintln!("skipped in part: the sources are on tmpfs here");
         } else {
             let len = f.metadata().unwrap().len() as usize / 512 * 512;
-            assert!(LazyWritable::default().get(&f, &info(len), false).is_none());
+            assert!(LazyWritable::default().get(dev(&f, len)).is_none());
         }
         let Some((path, f)) = shm_file("bounds", 1 << 20) else {
             return;
         };
         let lazy = LazyWritable::default();
-        let i = info(1 << 20);
-        assert!(
-            lazy.landing(&f, &i, false, 0, 32).is_none(),
-            "16 KiB: too small"
-        );
-        assert!(
-            lazy.landing(&f, &i, false, 2048 - 64, 64).is_some(),
-            "the last 32 KiB"
-        );
-        assert!(
-            lazy.landing(&f, &i, false, 2048 - 32, 64).is_none(),
-            "past the end"
-        );
-        assert!(
-            lazy.landing(&f, &i, false, u64::MAX / 256, 64).is_none(),
-            "overflow"
-        );
+        let i = dev(&f, 1 << 20);
+        assert!(lazy.landing(i, 0, 32).is_none(), "16 KiB: too small");
+        assert!(lazy.landing(i, 2048 - 64, 64).is_some(), "the last 32 KiB");
+        assert!(lazy.landing(i, 2048 - 32, 64).is_none(), "past the end");
+        assert!(lazy.landing(i, u64::MAX / 256, 64).is_none(), "overflow");
         // A file shrunk since it was mapped: no landing past its end now.
         f.set_len(512 << 10).unwrap();
-        assert!(lazy.landing(&f, &i, false, 1024, 64).is_none());
-        assert!(lazy.landing(&f, &i, false, 0, 64).is_some());
+        assert!(lazy.landing(i, 1024, 64).is_none());
+        assert!(lazy.landing(i, 0, 64).is_some());
         // Read-only, or O_DIRECT: nothing is mapped.
-        let mut ro = info(1 << 20);
-        ro.read_only = true;
-        let none = |info: &crate::DeviceInfo, direct: bool| {
-            LazyWritable::default()
-                .landing(&f, info, direct, 0, 64)
-                .is_none()
+        let ro = Lender {
+            read_only: true,
+            ..dev(&f, 1 << 20)
         };
-        assert!(none(&ro, false), "read-only");
-        assert!(none(&i, true), "O_DIRECT");
+        assert!(LazyWritable::default().landing(ro, 0, 64).is_none());
+        let direct = Lender {
+            direct: true,
+            ..dev(&f, 1 << 20)
+        };
+        assert!(LazyWritable::default().landing(direct, 0, 64).is_none());
         // Opened read-only: the mapping is refused.
         let r = File::open(&path).unwrap();
-        assert!(LazyWritable::default().get(&r, &i, false).is_none());
-        let mut l = lazy.landing(&f, &i, false, 0, 64).unwrap();
+        assert!(LazyWritable::default().get(dev(&r, 1 << 20)).is_none());
+        let mut l = lazy.landing(i, 0, 64).unwrap();
         let e = l.put(&[0u8; 64 << 10]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert_eq!(l.received(), 0);
@@ -505,9 +498,7 @@ mod tests {
             return;
         };
         let lazy = LazyWritable::default();
-        let mut l = lazy
-            .landing(&f, &info(1 << 20), false, 0, 1024)
-            .expect("a landing");
+        let mut l = lazy.landing(dev(&f, 1 << 20), 0, 1024).expect("a landing");
         // Another process cuts the file to 256 KiB while the write's payload comes in: the
         // mapping's pages past that fault (in the kernel: EFAULT, no SIGBUS).
         let (mut a, b) = UnixStream::pair().unwrap();

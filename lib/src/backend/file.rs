@@ -97,6 +97,16 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
+    /// What this device tells its writable mapping about itself (see `landing`).
+    fn lender(&self) -> crate::landing::Lender<'_> {
+        crate::landing::Lender {
+            file: &self.file,
+            sectors: self.info.sectors,
+            read_only: self.info.read_only,
+            direct: self.direct,
+        }
+    }
+
     /// Opens `path` with its current size (rounded down to whole logical blocks).
     ///
     /// # Errors
@@ -322,13 +332,11 @@ impl BlockDevice for FileDevice {
     /// A file in memory (tmpfs) opened for writing through the page cache: yes (see
     /// [`Landing`](crate::Landing)).
     fn lands_writes(&self) -> bool {
-        (self.landing)
-            .get(&self.file, &self.info, self.direct)
-            .is_some()
+        self.landing.get(self.lender()).is_some()
     }
 
     fn write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
-        (self.landing).landing(&self.file, &self.info, self.direct, start, sectors)
+        self.landing.landing(self.lender(), start, sectors)
     }
 
     /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).

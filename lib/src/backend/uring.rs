@@ -480,6 +480,16 @@ impl std::fmt::Debug for RingShared {
 }
 
 impl UringDevice {
+    /// What this device tells its writable mapping about itself (see `landing`).
+    fn lender(&self) -> crate::landing::Lender<'_> {
+        crate::landing::Lender {
+            file: &self.file,
+            sectors: self.info.sectors,
+            read_only: self.info.read_only,
+            direct: self.direct,
+        }
+    }
+
     /// Opens `path` (a file, or a block device if `block`) with a ring of its own of
     /// `depth` entries (see [`UringRing::new`]).
     ///
@@ -961,13 +971,11 @@ impl BlockDevice for UringDevice {
     /// A file in memory (tmpfs) opened for writing through the page cache: yes (see
     /// [`Landing`](crate::Landing)).
     fn lands_writes(&self) -> bool {
-        (self.landing)
-            .get(&self.file, &self.info, self.direct)
-            .is_some()
+        self.landing.get(self.lender()).is_some()
     }
 
     fn write_landing(&self, start: u64, sectors: u64) -> Option<crate::Landing> {
-        (self.landing).landing(&self.file, &self.info, self.direct, start, sectors)
+        self.landing.landing(self.lender(), start, sectors)
     }
 
     /// Through the page cache: yes (see [`write_piped`](Self::write_piped)).
