@@ -126,6 +126,8 @@ impl Splitter {
         let l = limits.validate()?;
         let lbs = l.lbs_sectors();
         let pbs = l.pbs_sectors();
+        // `validate` keeps both powers of two: requests are checked and cut with masks.
+        debug_assert!(lbs.is_power_of_two() && pbs.is_power_of_two());
         let unlimited = |v: u32| if v == 0 { u64::MAX } else { u64::from(v) };
         let max_sectors = u64::from(l.max_sectors);
         let cap15_sectors = 15 - 15 % lbs;
@@ -249,7 +251,9 @@ impl Splitter {
         if start.checked_add(sectors).is_none() {
             return Err(Error::RequestOverflow { start, sectors });
         }
-        if start % self.lbs != 0 || sectors % self.lbs != 0 {
+        // (Block sizes are powers of two, validated: masks, not divisions, on every
+        // request.)
+        if (start | sectors) & (self.lbs - 1) != 0 {
             return Err(Error::Misaligned {
                 start,
                 sectors,
@@ -281,9 +285,13 @@ impl Splitter {
         if chunk != 0 {
             m = m.min(chunk - s % chunk);
         }
-        let s0 = s % self.pbs;
-        let end = s0.saturating_add(m) / self.pbs * self.pbs;
-        if end > s0 { end - s0 } else { m - m % self.lbs }
+        let s0 = s & (self.pbs - 1);
+        let end = s0.saturating_add(m) & !(self.pbs - 1);
+        if end > s0 {
+            end - s0
+        } else {
+            m & !(self.lbs - 1)
+        }
     }
 
     /// The discard piece at `s` with `r` left (`bio_split_discard`).
@@ -320,7 +328,7 @@ impl Splitter {
             return Ok(cap);
         }
         let sectors = bytes / 512;
-        let piece = sectors - sectors % self.lbs;
+        let piece = sectors & !(self.lbs - 1);
         if piece == 0 {
             return Err(Error::NoProgress { sector: s });
         }

@@ -48,5 +48,6 @@ pub use tenant::{
     weight_cost,
 };
 pub use types::{
-    Dir, Dispatch, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind, Ticket,
+    Dir, Dispatch, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Submitted, Tag,
+    TagKind, Ticket,
 };

@@ -4,8 +4,8 @@ use std::collections::VecDeque;
 
 use crate::policy::{Choice, Head, Policy, Release, Shape, ShapeKey, View};
 use crate::{
-    Dispatch, Error, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Tag, TagKind,
-    Ticket,
+    Dispatch, Error, Event, IoClass, Meta, Nanos, Outcome, Refusal, SubmitError, Submitted, Tag,
+    TagKind, Ticket,
 };
 
 /// Settings of a [`TagQueue`].
@@ -174,6 +174,105 @@ impl<R, P: Policy> TagQueue<R, P> {
     /// [`Refusal::Full`] when `max_pending` requests wait, [`Refusal::Closed`] after
     /// [`close`](Self::close); the request is handed back in the error.
     pub fn submit(&mut self, now: Nanos, req: R, meta: Meta) -> Result<Ticket, SubmitError<R>> {
+        let p = self.admit(now, req, meta)?;
+        let ticket = p.ticket;
+        self.enqueue(p);
+        Ok(ticket)
+    }
+
+    /// Queues a request and, when nothing waits in the host queue before it, dispatches it
+    /// in the same call if the openings, the ordering rules and the policy allow: what
+    /// [`submit`](Self::submit) then [`poll_dispatch`](Self::poll_dispatch) would do, the
+    /// same decision from the same view, without the request passing through the host
+    /// queue (the common case of a device that is not saturated, made cheap).
+    ///
+    /// [`Submitted::Queued`] when it waits: drive the queue as after
+    /// [`submit`](Self::submit) (poll for dispatches, events and the timeout). After
+    /// [`Submitted::Dispatched`], events and the timeout may have changed too.
+    ///
+    /// ```
+    /// use tagstripe_scheduler::{Dir, Fair, FairConfig, IoClass, Meta, QueueConfig, Submitted, TagQueue};
+    ///
+    /// let mut q = TagQueue::new(QueueConfig { max_tags: 1, ..QueueConfig::default() }, Fair::new(FairConfig::default()));
+    /// let meta = Meta::new(IoClass::BestEffort, Dir::Write);
+    /// let Ok(Submitted::Dispatched(d)) = q.submit_now(0, "first", meta) else { panic!() };
+    /// assert_eq!(d.req, "first");
+    /// // The one tag is taken: the second waits, as it would after `submit`.
+    /// assert!(matches!(q.submit_now(0, "second", meta), Ok(Submitted::Queued(_))));
+    /// assert!(q.poll_dispatch(0).is_none());
+    /// # Ok::<(), tagstripe_scheduler::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`submit`](Self::submit).
+    pub fn submit_now(
+        &mut self,
+        now: Nanos,
+        req: R,
+        meta: Meta,
+    ) -> Result<Submitted<R>, SubmitError<R>> {
+        // Alone in the host queue, and nothing that `poll_dispatch` checks before the
+        // policy stops it.
+        let alone = self.queued == 0
+            && meta.kind != TagKind::HeadOfQueue
+            && self.drain_for.is_none()
+            && self.busy_until.is_none()
+            && self.active_total() < self.openings;
+        let p = self.admit(now, req, meta)?;
+        let ticket = p.ticket;
+        // The lowest epoch waiting is its own.
+        if !alone || !self.eligible(&p, p.epoch) {
+            self.enqueue(p);
+            return Ok(Submitted::Queued(ticket));
+        }
+        let class = meta.class;
+        let mut heads = [None; 4];
+        heads[class.index()] = Some(Head {
+            ticket,
+            submitted: now,
+            dir: meta.dir,
+            sectors: meta.sectors,
+        });
+        let mut pending = [0; 4];
+        pending[class.index()] = 1;
+        let view = self.view(now, heads, pending);
+        self.wait_until = None;
+        match self.policy.choose(&view) {
+            Choice::Dispatch { class: c, promote } if c == class => {
+                let ordered = promote == Some(TagKind::Ordered);
+                if ordered && !self.cfg.device_orders && self.active_total() > 0 {
+                    self.drain_for = Some(class);
+                    self.enqueue(p);
+                    return Ok(Submitted::Queued(ticket));
+                }
+                let kind = match (p.meta.kind, promote) {
+                    (TagKind::Ordered, _) | (_, None) => p.meta.kind,
+                    (_, Some(k)) => k,
+                };
+                // (Counted as queued for the moment `dispatch` takes it off.)
+                self.queued += 1;
+                let d = self.dispatch(now, p, kind);
+                if ordered && d.meta.kind != TagKind::Ordered {
+                    self.events.push_back(Event::Barrier { ticket: d.ticket });
+                }
+                Ok(Submitted::Dispatched(d))
+            }
+            // A class with nothing to send: nothing goes, as in `poll_dispatch`.
+            Choice::Dispatch { .. } => {
+                self.enqueue(p);
+                Ok(Submitted::Queued(ticket))
+            }
+            Choice::Wait { until } => {
+                self.wait_until = until.filter(|&t| t > now);
+                self.enqueue(p);
+                Ok(Submitted::Queued(ticket))
+            }
+        }
+    }
+
+    /// A request's entry in the host queue (its ticket and epoch, the policy told), not
+    /// yet in it.
+    fn admit(&mut self, now: Nanos, req: R, meta: Meta) -> Result<Pending<R>, SubmitError<R>> {
         if self.closed {
             return Err(SubmitError {
                 reason: Refusal::Closed,
@@ -201,20 +300,23 @@ impl<R, P: Policy> TagQueue<R, P> {
             self.epoch
         };
         self.policy.on_submit(now, &meta);
-        let p = Pending {
+        Ok(Pending {
             ticket,
             req,
             meta,
             submitted: now,
             epoch,
-        };
-        if meta.kind == TagKind::HeadOfQueue {
+        })
+    }
+
+    /// Puts an admitted request at the back of its host queue.
+    fn enqueue(&mut self, p: Pending<R>) {
+        if p.meta.kind == TagKind::HeadOfQueue {
             self.head_of_queue.push_back(p);
         } else {
-            self.pending[meta.class.index()].push_back(p);
+            self.pending[p.meta.class.index()].push_back(p);
         }
         self.queued += 1;
-        Ok(ticket)
     }
 
     /// The next request to send to the device, if the openings, the ordering rules and the
@@ -265,36 +367,7 @@ impl<R, P: Policy> TagQueue<R, P> {
                 }
             }
         }
-        let view = View {
-            now,
-            openings: self.openings,
-            active: self.active,
-            pending: std::array::from_fn(|i| self.pending[i].len()),
-            heads,
-            oldest_interactive_at_device: if self.active[IoClass::Interactive.index()] == 0 {
-                None
-            } else {
-                self.slots
-                    .iter()
-                    .flatten()
-                    .filter(|s| s.meta.class == IoClass::Interactive)
-                    .map(|s| s.dispatched)
-                    .min()
-            },
-            // Only asked for when an interactive request may go past lower classes there.
-            oldest_lower_at_device: if heads[IoClass::Interactive.index()].is_some()
-                && self.active[1..].iter().any(|&n| n > 0)
-            {
-                self.slots
-                    .iter()
-                    .flatten()
-                    .filter(|s| s.meta.class != IoClass::Interactive)
-                    .map(|s| s.dispatched)
-                    .min()
-            } else {
-                None
-            },
-        };
+        let view = self.view(now, heads, std::array::from_fn(|i| self.pending[i].len()));
         self.wait_until = None;
         match self.policy.choose(&view) {
             Choice::Dispatch { class, promote } => {
@@ -319,6 +392,40 @@ impl<R, P: Policy> TagQueue<R, P> {
                 self.wait_until = until.filter(|&t| t > now);
                 None
             }
+        }
+    }
+
+    /// What the policy sees: the queue's state, with these heads and pending counts.
+    fn view(&self, now: Nanos, heads: [Option<Head>; 4], pending: [usize; 4]) -> View {
+        View {
+            now,
+            openings: self.openings,
+            active: self.active,
+            pending,
+            heads,
+            oldest_interactive_at_device: if self.active[IoClass::Interactive.index()] == 0 {
+                None
+            } else {
+                self.slots
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.meta.class == IoClass::Interactive)
+                    .map(|s| s.dispatched)
+                    .min()
+            },
+            // Only asked for when an interactive request may go past lower classes there.
+            oldest_lower_at_device: if heads[IoClass::Interactive.index()].is_some()
+                && self.active[1..].iter().any(|&n| n > 0)
+            {
+                self.slots
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.meta.class != IoClass::Interactive)
+                    .map(|s| s.dispatched)
+                    .min()
+            } else {
+                None
+            },
         }
     }
 

@@ -170,6 +170,15 @@ pub struct Dispatch<R> {
     pub req: R,
 }
 
+/// What [`crate::TagQueue::submit_now`] did with a request.
+#[derive(Debug)]
+pub enum Submitted<R> {
+    /// Sent to the device at once.
+    Dispatched(Dispatch<R>),
+    /// Waiting in the host queue under this ticket.
+    Queued(Ticket),
+}
+
 /// Something the caller may want to know; drained with [`crate::TagQueue::poll_event`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {

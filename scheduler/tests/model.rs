@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use proptest::prelude::*;
 use tagstripe_scheduler::{
     Deadline, Dir, Event, Fair, FairConfig, Fifo, IoClass, Meta, Outcome, PeriodicOrdered, Policy,
-    QueueConfig, TagKind, TagQueue,
+    QueueConfig, Submitted, TagKind, TagQueue,
 };
 
 #[derive(Clone, Debug)]
@@ -236,5 +236,125 @@ proptest! {
         prop_assert_eq!(all, finished);
         prop_assert!(h.finished.values().all(|&n| n == 1), "a ticket finished twice");
         prop_assert_eq!(h.q.pending_len(), 0);
+    }
+}
+
+/// Every dispatch `poll_dispatch` gives until it gives none: (ticket, tag, kind).
+fn drain(q: &mut TagQueue<u64, Box<dyn Policy>>, now: u64) -> Vec<(u64, u32, TagKind)> {
+    std::iter::from_fn(|| q.poll_dispatch(now))
+        .map(|d| (d.ticket.0, d.tag.0, d.kind))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// `submit_now` decides as `submit` then `poll_dispatch` do: two queues driven in
+    /// lockstep, one each way, dispatch the same requests under the same tags and kinds,
+    /// and report the same events, waits and timeouts, under every policy.
+    #[test]
+    fn submit_now_is_submit_then_dispatch(
+        ops in prop::collection::vec(op(), 1..200),
+        p in any::<u8>(),
+        device_orders in any::<bool>(),
+        max_tags in 1u32..12,
+        sectors in prop::collection::vec(1u64..4096, 4),
+    ) {
+        let cfg = QueueConfig {
+            max_tags,
+            min_tags: 1 + max_tags / 4,
+            device_orders,
+            busy_delay: 1_000_000,
+            ramp_quiet: 10_000_000,
+            ..QueueConfig::default()
+        };
+        let mut a: TagQueue<u64, Box<dyn Policy>> = TagQueue::new(cfg, policy(p));
+        let mut b: TagQueue<u64, Box<dyn Policy>> = TagQueue::new(cfg, policy(p));
+        let (mut now, mut next) = (0u64, 0u64);
+        let mut active: Vec<(tagstripe_scheduler::Tag, u64)> = Vec::new();
+        let mut fast = 0;
+        for op in ops {
+            let (da, db) = match op {
+                Op::Submit(c, k, w) => {
+                    let class = IoClass::ALL[c as usize];
+                    let kind = match k { 0 => TagKind::Ordered, 1 => TagKind::HeadOfQueue, _ => TagKind::Simple };
+                    let meta = Meta::new(class, if w { Dir::Write } else { Dir::Read })
+                        .with_kind(kind)
+                        .with_sectors(sectors[c as usize]);
+                    let t = next;
+                    next += 1;
+                    a.submit(now, t, meta).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let da = drain(&mut a, now);
+                    let mut db = Vec::new();
+                    match b.submit_now(now, t, meta).map_err(|e| TestCaseError::fail(e.to_string()))? {
+                        Submitted::Dispatched(d) => {
+                            fast += 1;
+                            prop_assert_eq!(d.req, t);
+                            db.push((d.ticket.0, d.tag.0, d.kind));
+                        }
+                        Submitted::Queued(ticket) => prop_assert_eq!(ticket.0, t),
+                    }
+                    db.extend(drain(&mut b, now));
+                    (da, db)
+                }
+                Op::Dispatch => (drain(&mut a, now), drain(&mut b, now)),
+                Op::Complete(i, o) => {
+                    if !active.is_empty() {
+                        let (tag, t) = active.remove(i % active.len());
+                        let outcome = |t| match o {
+                            0..=5 => Outcome::Done,
+                            6 => Outcome::Failed,
+                            7 | 8 => Outcome::QueueFull(t),
+                            _ => Outcome::Busy(t),
+                        };
+                        prop_assert!(a.handle_completion(now, tag, outcome(t)).is_ok());
+                        prop_assert!(b.handle_completion(now, tag, outcome(t)).is_ok());
+                    }
+                    (Vec::new(), Vec::new())
+                }
+                Op::Advance(dt) => {
+                    now += dt;
+                    a.handle_timeout(now);
+                    b.handle_timeout(now);
+                    (Vec::new(), Vec::new())
+                }
+                Op::SetOpenings(n) => {
+                    a.set_openings(n);
+                    b.set_openings(n);
+                    (Vec::new(), Vec::new())
+                }
+            };
+            prop_assert_eq!(&da, &db);
+            active.extend(da.iter().map(|&(t, tag, _)| (tagstripe_scheduler::Tag(tag), t)));
+            prop_assert_eq!(a.pending_len(), b.pending_len());
+            prop_assert_eq!(a.poll_timeout(), b.poll_timeout());
+            prop_assert_eq!(a.shape(), b.shape());
+            let ea: Vec<Event> = std::iter::from_fn(|| a.poll_event()).collect();
+            let eb: Vec<Event> = std::iter::from_fn(|| b.poll_event()).collect();
+            prop_assert_eq!(ea, eb);
+        }
+        prop_assert!(fast <= next);
+    }
+}
+
+/// A request alone on an idle queue goes to the device in the one call, under every policy
+/// (the case `submit_now` is for).
+#[test]
+fn a_lone_request_is_dispatched_in_the_call() {
+    for p in 0..4 {
+        for (t, class) in IoClass::ALL.into_iter().enumerate() {
+            let mut q: TagQueue<u64, Box<dyn Policy>> =
+                TagQueue::new(QueueConfig::default(), policy(p));
+            let meta = Meta::new(class, Dir::Write).with_sectors(8);
+            match q.submit_now(0, t as u64, meta) {
+                Ok(Submitted::Dispatched(d)) => {
+                    assert_eq!(d.req, t as u64);
+                    q.handle_completion(1_000, d.tag, Outcome::Done)
+                        .expect("its tag");
+                }
+                other => panic!("policy {p}, {class:?}: {other:?}"),
+            }
+            assert_eq!(q.pending_len(), 0);
+        }
     }
 }

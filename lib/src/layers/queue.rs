@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tagstripe_scheduler::{
-    Dir, Event, Fair, FairConfig, IoClass, Meta, Outcome, Policy, QueueConfig, Shape, Tag, TagKind,
-    TagQueue,
+    Dir, Event, Fair, FairConfig, IoClass, Meta, Outcome, Policy, QueueConfig, Shape, Submitted,
+    Tag, TagKind, TagQueue,
 };
 use tokio::sync::{broadcast, oneshot};
 use tokio::time::Instant;
@@ -492,11 +492,20 @@ impl<D: BlockDevice> Queue<D> {
     /// all) or it waits on a channel for its grant.
     fn acquire_locked(&self, g: &mut Inner, now: u64, meta: Meta) -> Result<Acquired> {
         // Admission keeps the host queue from filling, so a refusal here is not expected.
-        let ticket =
-            g.q.submit(now, Waiter::Inline, meta)
+        let submitted =
+            g.q.submit_now(now, Waiter::Inline, meta)
                 .map_err(|_| Error::QueueFull {
                     device: self.dev.info().name.clone(),
                 })?;
+        let ticket = match submitted {
+            // Alone and let through at once (nothing else waited, so nothing else goes):
+            // the queue's events and timer seen to as after any dispatch.
+            Submitted::Dispatched(d) => {
+                let _ = pump(&self.inner, g, now);
+                return Ok(Acquired::Now(d.tag, d.kind));
+            }
+            Submitted::Queued(ticket) => ticket,
+        };
         if let Some((tag, kind)) = pump(&self.inner, g, now) {
             return Ok(Acquired::Now(tag, kind));
         }
