@@ -15,6 +15,10 @@
 //!                                   └──► poll_dispatch(now) → Dispatch { tag, kind, req } ──►
 //! ```
 //!
+//! [`TagQueue::submit_now`] is `submit` and the `poll_dispatch` after it in one call for the
+//! common case, a request with nothing waiting before it: the same decision, and the
+//! request never passes through the host queue.
+//!
 //! The story it answers (FreeBSD, 1999): a disk with 64 tags ran a bonnie write and logins on
 //! another terminal waited 10-15 s, because a drive that reorders by head position never
 //! picks a far-away read while near-by writes keep coming, until da(4)'s ordered tag every
