@@ -109,6 +109,9 @@ pub struct Splitter {
     pbs: u64,
     max_sectors: u64,
     cap15_sectors: u64,
+    /// A read or write whose end lies at most this far past the physical block it starts
+    /// in goes whole (0 where chunks or smart mod-15 make it a matter of the request).
+    whole_rw: u64,
     max_write_zeroes: u64,
     discard_max: u64,
     discard_gran: u64,
@@ -141,6 +144,18 @@ impl Splitter {
         if mod15 == Mod15::Smart && lbs > 1 && lbs % 15 == 1 {
             return Err(Error::Mod15Unavoidable { sector: 0 });
         }
+        // Without chunks or smart mod-15, a piece starting `s0` into its physical block may
+        // run to the last physical block boundary within the per-piece cap (`cap_at`).
+        let whole_rw = if l.chunk_sectors == 0 && mod15 != Mod15::Smart {
+            let m = if mod15 == Mod15::Cap15 {
+                max_sectors.min(cap15_sectors)
+            } else {
+                max_sectors
+            };
+            m & !(pbs - 1)
+        } else {
+            0
+        };
         let discard_gran = (u64::from(l.discard_granularity) / 512).max(1);
         let discard_max = u64::from(l.max_discard_sectors).min(u64::from(u32::MAX) / lbs * lbs);
         let discard_max = discard_max - discard_max % discard_gran;
@@ -153,6 +168,7 @@ impl Splitter {
             pbs,
             max_sectors,
             cap15_sectors,
+            whole_rw,
             discard_max,
             discard_gran,
         })
@@ -197,6 +213,38 @@ impl Splitter {
             next: start,
             end: start + sectors,
         })
+    }
+
+    /// Whether the request goes as one piece: [`split`](Self::split)'s first piece is all
+    /// of it. What every layer asks of every request before cutting it; for a read or write
+    /// well within the limits (the common case) a mask and a compare.
+    ///
+    /// ```
+    /// use tagstripe_quirks::{Limits, Mod15, Op, Splitter};
+    /// let mut l = Limits::default();
+    /// l.max_hw_sectors = 256;
+    /// let s = Splitter::new(&l, Mod15::Off)?;
+    /// assert!(s.whole(Op::Write, 8, 8)?);
+    /// assert!(!s.whole(Op::Write, 0, 512)?);
+    /// assert!(s.whole(Op::Write, 1, 7).is_ok(), "512-byte blocks: any sector");
+    /// # Ok::<(), tagstripe_quirks::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Splitter::split`].
+    pub fn whole(&self, op: Op, start: u64, sectors: u64) -> Result<bool, Error> {
+        self.check(op, start, sectors)?;
+        if matches!(op, Op::Read | Op::Write)
+            && sectors > 0
+            && (start & (self.pbs - 1)) + sectors <= self.whole_rw
+        {
+            // The cap at `start` reaches at least the boundary `whole_rw` names.
+            return Ok(true);
+        }
+        Ok(self
+            .split(op, start, sectors)?
+            .next()
+            .is_some_and(|p| p.sectors == sectors))
     }
 
     /// Splits a request whose data is the scatter list `segments`, honouring

@@ -8,7 +8,14 @@ fn limits() -> impl Strategy<Value = Limits> {
     (
         prop_oneof![Just(512u32), Just(512), Just(4096)],
         prop_oneof![Just(0u32), Just(4096), Just(8192)],
-        prop_oneof![Just(0u32), 8u32..5000, Just(255), Just(256), Just(2560)],
+        prop_oneof![
+            Just(0u32),
+            8u32..5000,
+            8u32..64,
+            Just(255),
+            Just(256),
+            Just(2560)
+        ],
         prop_oneof![Just(0u32), 1u32..400],
         prop_oneof![Just(0u32), 1u32..8],
         prop_oneof![Just(0u32), Just(4096), Just(65536)],
@@ -118,6 +125,29 @@ proptest! {
                 }
             }
             Err(e) => prop_assert!(op == Op::Discard && l.max_discard_sectors == 0, "{e}"),
+        }
+    }
+
+    /// `whole` answers as the first piece of `split` does, for every op and mod-15 mode,
+    /// aligned or not, the request small or large (its fast path is only a shortcut).
+    #[test]
+    fn whole_is_the_first_piece_being_all(
+        l in limits(),
+        start in 0u64..100_000,
+        len in prop_oneof![Just(0u64), 1u64..64, 1u64..40_000],
+        op in prop_oneof![Just(Op::Read), Just(Op::Write), Just(Op::Discard), Just(Op::WriteZeroes)],
+        aligned in any::<bool>(),
+    ) {
+        let lbs = u64::from(l.logical_block_size / 512);
+        let (start, len) = if aligned { (start - start % lbs, (len - len % lbs).max(lbs)) } else { (start, len) };
+        for mode in [Mod15::Off, Mod15::Cap15, Mod15::Smart] {
+            let Ok(s) = Splitter::new(&l, mode) else { continue };
+            let by_split = s.split(op, start, len).map(|mut p| p.next().is_some_and(|p| p.sectors == len));
+            match (s.whole(op, start, len), by_split) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b, "{:?} {:?} at {} for {}", mode, op, start, len),
+                (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => prop_assert!(false, "{:?} against {:?}", a, b),
+            }
         }
     }
 

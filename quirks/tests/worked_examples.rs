@@ -432,3 +432,36 @@ fn stacking_takes_max_min_lcm_gcd_and_reports_misalignment() {
     );
     assert_eq!(Limits::stack(&[], &shape).unwrap_err(), Error::NoMembers);
 }
+
+/// `whole` on 4 KiB physical blocks with a cap that is not a whole number of them (13
+/// sectors): Linux ends a piece on a physical block, so 12 sectors from a block's start go
+/// as 8 and 4, and 8 go whole; from a block's middle, the first boundary within the cap.
+#[test]
+fn whole_respects_the_physical_block_end() {
+    let mut l = Limits::default();
+    l.physical_block_size = 4096;
+    l.max_hw_sectors = 13;
+    let s = Splitter::new(&l, Mod15::Off).expect("limits");
+    assert!(s.whole(Op::Write, 0, 8).expect("write"));
+    assert!(!s.whole(Op::Write, 0, 12).expect("write"));
+    assert_eq!(
+        s.split(Op::Write, 0, 12)
+            .expect("split")
+            .map(|p| p.sectors)
+            .collect::<Vec<_>>(),
+        [8, 4]
+    );
+    assert!(
+        s.whole(Op::Read, 3, 13).expect("read"),
+        "3 + 13 ends on a boundary"
+    );
+    assert!(s.whole(Op::Read, 5, 11).expect("read"), "5 + 11 too");
+    assert!(
+        !s.whole(Op::Read, 5, 12).expect("read"),
+        "the cap from 5 is 11"
+    );
+    assert!(
+        !s.whole(Op::Read, 3, 0).expect("read"),
+        "nothing is no piece"
+    );
+}

@@ -83,12 +83,7 @@ impl<D: BlockDevice> Split<D> {
             // write without it, then a flush.
             let durable = opts.fua || self.force_fua;
             let fua = durable && self.info.caps.fua;
-            let whole = self
-                .splitter
-                .split(Op::Write, start, sectors)?
-                .next()
-                .is_some_and(|p| p.sectors == sectors);
-            if whole {
+            if self.splitter.whole(Op::Write, start, sectors)? {
                 // Not split (the common small write): the data goes down as it came.
                 parts.write_to(&self.dev, start, opts.fua(fua)).await?;
             } else {
@@ -140,8 +135,7 @@ impl<D: BlockDevice> Split<D> {
     ) -> impl Future<Output = Result<Bytes>> + Send + '_ {
         async move {
             self.info.check(start, sectors)?;
-            let first = self.splitter.split(Op::Read, start, sectors)?.next();
-            if first.is_some_and(|p| p.sectors == sectors) {
+            if self.splitter.whole(Op::Read, start, sectors)? {
                 return crate::device::read_or_send(&self.dev, start, sectors, opts, send).await;
             }
             // Boxed: the rare path kept out of the common one's future.
@@ -166,10 +160,10 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
     async fn read_into(&self, start: u64, buf: &mut [u8], opts: IoOpts) -> Result<()> {
         let sectors = crate::device::sectors_of(&self.info, buf.len())?;
         self.info.check(start, sectors)?;
-        let mut pieces = self.splitter.split(Op::Read, start, sectors)?;
-        if let Some(p) = pieces.clone().next().filter(|p| p.sectors == sectors) {
-            return self.dev.read_into(p.start, buf, opts).await;
+        if self.splitter.whole(Op::Read, start, sectors)? {
+            return self.dev.read_into(start, buf, opts).await;
         }
+        let mut pieces = self.splitter.split(Op::Read, start, sectors)?;
         let mut rest = buf;
         let mut reads = Vec::new();
         for p in pieces.by_ref() {
@@ -188,8 +182,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
         opts: IoOpts,
     ) -> Result<()> {
         let sectors = crate::device::check_bufs(&self.info, start, &bufs)?;
-        let pieces = self.splitter.split(Op::Read, start, sectors)?;
-        if pieces.clone().next().is_some_and(|p| p.sectors == sectors) {
+        if self.splitter.whole(Op::Read, start, sectors)? {
             // Not split: the buffers go down as they are.
             return self.dev.read_vectored_into(start, bufs, opts).await;
         }
@@ -212,12 +205,7 @@ impl<D: BlockDevice> BlockDevice for Split<D> {
     /// cut as any other.
     async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
         let sectors = self.info.check_write(start, data.len())?;
-        let whole = self
-            .splitter
-            .split(Op::Write, start, sectors)?
-            .next()
-            .is_some_and(|p| p.sectors == sectors);
-        if !whole || !self.dev.takes_piped_writes() {
+        if !self.splitter.whole(Op::Write, start, sectors)? || !self.dev.takes_piped_writes() {
             return crate::device::write_piped_from_memory(self, start, data, opts).await;
         }
         let durable = opts.fua || self.force_fua;
