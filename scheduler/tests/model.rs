@@ -37,6 +37,44 @@ fn policy(n: u8) -> Box<dyn Policy> {
     }
 }
 
+/// The queue both properties run: `max_tags` tags, a quarter of them kept after QUEUE
+/// FULL, BUSY and ramp-up times short enough for the ops' clock steps.
+fn config(max_tags: u32, device_orders: bool) -> QueueConfig {
+    QueueConfig {
+        max_tags,
+        min_tags: 1 + max_tags / 4,
+        device_orders,
+        busy_delay: 1_000_000,
+        ramp_quiet: 10_000_000,
+        ..QueueConfig::default()
+    }
+}
+
+/// The request an [`Op::Submit`] names: class `c`, tag kind `k` (ordered, head-of-queue,
+/// else simple), a write if `w`.
+fn meta(c: u8, k: u8, w: bool) -> Meta {
+    let kind = match k {
+        0 => TagKind::Ordered,
+        1 => TagKind::HeadOfQueue,
+        _ => TagKind::Simple,
+    };
+    Meta::new(
+        IoClass::ALL[c as usize],
+        if w { Dir::Write } else { Dir::Read },
+    )
+    .with_kind(kind)
+}
+
+/// The device's answer an [`Op::Complete`] names for request `t`.
+fn outcome(o: u8, t: u64) -> Outcome<u64> {
+    match o {
+        0..=5 => Outcome::Done,
+        6 => Outcome::Failed,
+        7 | 8 => Outcome::QueueFull(t),
+        _ => Outcome::Busy(t),
+    }
+}
+
 /// What the reference model knows of one request.
 #[derive(Clone, Copy, Debug)]
 struct Known {
@@ -122,12 +160,7 @@ impl Harness {
             return Ok(());
         }
         let (tag, t) = self.active.remove(i % self.active.len());
-        let outcome = match o {
-            0..=5 => Outcome::Done,
-            6 => Outcome::Failed,
-            7 | 8 => Outcome::QueueFull(t),
-            _ => Outcome::Busy(t),
-        };
+        let outcome = outcome(o, t);
         let back = matches!(outcome, Outcome::QueueFull(_) | Outcome::Busy(_));
         prop_assert!(self.q.handle_completion(self.now, tag, outcome).is_ok());
         prop_assert!(
@@ -174,14 +207,7 @@ proptest! {
         device_orders in any::<bool>(),
         max_tags in 1u32..12,
     ) {
-        let cfg = QueueConfig {
-            max_tags,
-            min_tags: 1 + max_tags / 4,
-            device_orders,
-            busy_delay: 1_000_000,
-            ramp_quiet: 10_000_000,
-            ..QueueConfig::default()
-        };
+        let cfg = config(max_tags, device_orders);
         let mut h = Harness {
             q: TagQueue::new(cfg, policy(p)),
             device_orders,
@@ -193,13 +219,11 @@ proptest! {
         for op in ops {
             match op {
                 Op::Submit(c, k, w) => {
-                    let class = IoClass::ALL[c as usize];
-                    let kind = match k { 0 => TagKind::Ordered, 1 => TagKind::HeadOfQueue, _ => TagKind::Simple };
-                    let meta = Meta::new(class, if w { Dir::Write } else { Dir::Read }).with_kind(kind);
+                    let meta = meta(c, k, w);
                     let t = h.known.len() as u64;
                     let got = h.q.submit(h.now, t, meta).map_err(|e| TestCaseError::fail(e.to_string()))?;
                     prop_assert_eq!(got.0, t);
-                    h.known.insert(t, Known { ordered: kind == TagKind::Ordered, done: false, out: false });
+                    h.known.insert(t, Known { ordered: meta.kind == TagKind::Ordered, done: false, out: false });
                 }
                 Op::Dispatch => h.dispatch()?,
                 Op::Complete(i, o) => h.complete(i, o)?,
@@ -260,14 +284,7 @@ proptest! {
         max_tags in 1u32..12,
         sectors in prop::collection::vec(1u64..4096, 4),
     ) {
-        let cfg = QueueConfig {
-            max_tags,
-            min_tags: 1 + max_tags / 4,
-            device_orders,
-            busy_delay: 1_000_000,
-            ramp_quiet: 10_000_000,
-            ..QueueConfig::default()
-        };
+        let cfg = config(max_tags, device_orders);
         let mut a: TagQueue<u64, Box<dyn Policy>> = TagQueue::new(cfg, policy(p));
         let mut b: TagQueue<u64, Box<dyn Policy>> = TagQueue::new(cfg, policy(p));
         let (mut now, mut next) = (0u64, 0u64);
@@ -275,11 +292,7 @@ proptest! {
         for op in ops {
             let (da, db) = match op {
                 Op::Submit(c, k, w) => {
-                    let class = IoClass::ALL[c as usize];
-                    let kind = match k { 0 => TagKind::Ordered, 1 => TagKind::HeadOfQueue, _ => TagKind::Simple };
-                    let meta = Meta::new(class, if w { Dir::Write } else { Dir::Read })
-                        .with_kind(kind)
-                        .with_sectors(sectors[c as usize]);
+                    let meta = meta(c, k, w).with_sectors(sectors[c as usize]);
                     let t = next;
                     next += 1;
                     a.submit(now, t, meta).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -299,14 +312,8 @@ proptest! {
                 Op::Complete(i, o) => {
                     if !active.is_empty() {
                         let (tag, t) = active.remove(i % active.len());
-                        let outcome = |t| match o {
-                            0..=5 => Outcome::Done,
-                            6 => Outcome::Failed,
-                            7 | 8 => Outcome::QueueFull(t),
-                            _ => Outcome::Busy(t),
-                        };
-                        prop_assert!(a.handle_completion(now, tag, outcome(t)).is_ok());
-                        prop_assert!(b.handle_completion(now, tag, outcome(t)).is_ok());
+                        prop_assert!(a.handle_completion(now, tag, outcome(o, t)).is_ok());
+                        prop_assert!(b.handle_completion(now, tag, outcome(o, t)).is_ok());
                     }
                     (Vec::new(), Vec::new())
                 }

@@ -676,8 +676,8 @@ impl ServerSession {
     /// At most how many bytes the caller should read next, if it matters: the bytes up to
     /// the end of the next request header, while payloads are
     /// [handed off](Self::hand_off_payloads) and writes long enough to be handed off make
-    /// up much of what the client sends lately (on average 16 KiB or more of them a request, over about
-    /// the last 16 requests). A header read alone leaves a write's whole payload on the
+    /// up much of what the client sends lately (on average 16 KiB or more of them a
+    /// request, over about the last 16 requests). A header read alone leaves a write's whole payload on the
     /// stream, to be handed off (a read of as much as the buffer holds takes it in with its
     /// header, often all of it, and the caller then writes it from memory); it costs a read
     /// of its own, which a few long writes among many short requests do not repay. Never
