@@ -349,13 +349,14 @@ async fn randread_qd32<D: BlockDevice + 'static>(dev: Arc<D>, total: u64) {
     }
 }
 
-/// 32 writers of 64 random 4 KiB writes each.
+/// 32 writers of 64 random 4 KiB writes each, each writer its own buffer (as a server's
+/// requests each have theirs, and as each reader reads into its own): one buffer shared by
+/// all would have its reference count's cache line move between the cores at every write.
 async fn randwrite_qd32<D: BlockDevice + 'static>(dev: Arc<D>, total: u64) {
-    let data = Bytes::from(vec![0x3Cu8; 4096]);
     let mut tasks = Vec::with_capacity(32);
     for w in 0..32u64 {
         let dev = Arc::clone(&dev);
-        let data = data.clone();
+        let data = Bytes::from(vec![0x3Cu8; 4096]);
         tasks.push(tokio::spawn(async move {
             let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             for _ in 0..64 {

@@ -62,6 +62,7 @@ mod piped;
 mod plug;
 mod shard;
 mod stats;
+mod times;
 mod volume;
 
 pub use backend::{

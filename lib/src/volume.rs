@@ -9,6 +9,7 @@ use tagstripe_striping::{Flavor, Geometry, MirrorReads};
 
 use crate::layers::Component;
 use crate::stats::{OpKind, Stats};
+use crate::times::Times;
 use crate::{BlockDevice, DeviceInfo, DynBlockDevice, IoOpts, QueueHandle, Result, Split, Striped};
 
 /// A device a volume can take as a component: an `Arc` of any [`BlockDevice`], or an
@@ -912,15 +913,16 @@ impl Volume {
         Timing {
             counted: self.stats.begin(),
             // tokio's clock, as the queues use: the two agree (also under a paused clock).
-            t: tokio::time::Instant::now(),
+            times: Times::new(tokio::time::Instant::now()),
         }
     }
 }
 
-/// One request of a [`Volume`] being timed (see `Volume::timing`).
+/// One request of a [`Volume`] being timed (see `Volume::timing`): its issue time is the
+/// queues' submit time below, their last completion its end (see `crate::times`).
 struct Timing<'a> {
     counted: crate::stats::InFlight<'a>,
-    t: tokio::time::Instant,
+    times: Times,
 }
 
 impl Timing<'_> {
@@ -932,10 +934,23 @@ impl Timing<'_> {
         bytes: u64,
         r: Result<T>,
     ) -> Result<T> {
-        self.counted
-            .end(op, class, bytes, self.t.elapsed(), r.is_ok());
+        let took = self
+            .times
+            .ended()
+            .saturating_duration_since(self.times.issued());
+        self.counted.end(op, class, bytes, took, r.is_ok());
         r
     }
+}
+
+/// `polled!(timing, FUTURE)`: awaits `FUTURE`, the request's future through the striped
+/// layer, polled with the request's times (`Times::poll`); pinned in place, in the
+/// enclosing future's state, not moved into a wrapper.
+macro_rules! polled {
+    ($t:ident, $fut:expr) => {{
+        let mut fut = std::pin::pin!($fut);
+        std::future::poll_fn(|cx| $t.times.poll(fut.as_mut(), cx)).await
+    }};
 }
 
 /// A request of the volume: `timed!(self, OP, opts, BYTES, |striped| CALL)` runs `CALL` on
@@ -948,9 +963,9 @@ macro_rules! timed {
     ($v:ident, $op:expr, $opts:ident, $bytes:expr, |$s:ident| $call:expr) => {
         async move {
             let bytes: u64 = $bytes;
-            let t = $v.timing();
+            let mut t = $v.timing();
             let $s = &$v.striped;
-            let r = $call.await;
+            let r = polled!(t, $call);
             t.end($op, $opts.class, bytes, r)
         }
     };
@@ -1061,14 +1076,14 @@ impl BlockDevice for Volume {
 
     async fn write_piped(&self, start: u64, data: crate::Piped, opts: IoOpts) -> Result<()> {
         let bytes = data.len() as u64;
-        let t = self.timing();
-        let r = self.striped.write_piped(start, data, opts).await;
+        let mut t = self.timing();
+        let r = polled!(t, self.striped.write_piped(start, data, opts));
         t.end(OpKind::Write, opts.class, bytes, r)
     }
 
     async fn flush(&self, opts: IoOpts) -> Result<()> {
-        let t = self.timing();
-        let r = self.striped.flush(opts).await;
+        let mut t = self.timing();
+        let r = polled!(t, self.striped.flush(opts));
         t.end(OpKind::Flush, opts.class, 0, r)
     }
 
@@ -1079,14 +1094,14 @@ impl BlockDevice for Volume {
         z: crate::Zeroes,
         opts: IoOpts,
     ) -> Result<()> {
-        let t = self.timing();
-        let r = self.striped.write_zeroes(start, sectors, z, opts).await;
+        let mut t = self.timing();
+        let r = polled!(t, self.striped.write_zeroes(start, sectors, z, opts));
         t.end(OpKind::Write, opts.class, 0, r)
     }
 
     async fn discard(&self, start: u64, sectors: u64, opts: IoOpts) -> Result<()> {
-        let t = self.timing();
-        let r = self.striped.discard(start, sectors, opts).await;
+        let mut t = self.timing();
+        let r = polled!(t, self.striped.discard(start, sectors, opts));
         t.end(OpKind::Discard, opts.class, 0, r)
     }
 

@@ -222,6 +222,10 @@ struct Inner {
     name: String,
     q: TagQueue<Waiter, Box<dyn Policy + Send>>,
     epoch: Instant,
+    /// The latest time the queue used (nanoseconds from `epoch`): a request issued before it
+    /// (its time read by a volume above, see `crate::times`) is submitted at it, so the
+    /// scheduler's time never goes back.
+    last: u64,
     timer_at: Option<u64>,
     /// Room in the host queue, shared by the pool's queues.
     room: Room,
@@ -242,8 +246,32 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Inner {
-    fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// The clock, read now.
+    fn now(&mut self) -> u64 {
+        self.now_at().0
+    }
+
+    /// The clock, read now, and the reading itself.
+    fn now_at(&mut self) -> (u64, Instant) {
+        let at = Instant::now();
+        let now =
+            u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        self.last = self.last.max(now);
+        (self.last, at)
+    }
+
+    /// A request's submit time: when it was `issued` if a layer above read the clock for it
+    /// (never before a time already used), else the clock read now.
+    fn issued(&mut self, issued: Option<Instant>) -> u64 {
+        match issued {
+            Some(at) => {
+                let at = u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
+                    .unwrap_or(u64::MAX);
+                self.last = self.last.max(at);
+                self.last
+            }
+            None => self.now(),
+        }
     }
 }
 
@@ -463,10 +491,12 @@ impl<D: BlockDevice> Queue<D> {
     /// Admits a request (of a class other than interactive if `lower`) to the host queue and
     /// queues it with this metadata, in one critical section: admitted at once (the common
     /// case), or told to wait for room (a full host queue is waited for, never an error).
-    /// The queue's clock as it was read.
+    /// The request's submit time: when it was issued if a volume above read the clock for
+    /// it (see `crate::times`), else the queue's clock as it was read.
     fn enter(&self, meta: Meta, lower: bool) -> Result<(Entered<'_>, u64)> {
+        let issued = crate::times::issued();
         let mut g = self.inner.lock();
-        let now = g.now();
+        let now = g.issued(issued);
         if !g.room.may_enter(lower) {
             let (tx, rx) = oneshot::channel();
             g.room.waiting[usize::from(lower)].push_back(tx);
@@ -564,7 +594,9 @@ impl<D: BlockDevice> Queue<D> {
     ) -> (Option<Acquired>, u64) {
         guard.tag = None;
         let mut g = self.inner.lock();
-        let now = g.now();
+        let (now, at) = g.now_at();
+        // The volume above, if any, ends its request at its last command's completion.
+        crate::times::completed(at);
         let again = match res {
             Err(e) if e.is_retryable() => {
                 tracing::info!(
@@ -655,8 +687,9 @@ impl<D: BlockDevice> Queue<D> {
         if !self.cuts[opts.class.index()] {
             return None;
         }
-        let g = self.inner.lock();
-        let limit = g.q.piece_limit(g.now(), &Self::meta(op, opts, sectors))?;
+        let mut g = self.inner.lock();
+        let now = g.now();
+        let limit = g.q.piece_limit(now, &Self::meta(op, opts, sectors))?;
         let lbs = u64::from(self.dev.info().limits.logical_block_size / 512).max(1);
         let piece = (limit / lbs).max(1) * lbs;
         (piece < sectors).then_some(piece)
@@ -668,7 +701,8 @@ impl<D: BlockDevice> Queue<D> {
         let meta = Self::meta(op, opts, bytes / 512);
         // Times come from the queue's clock, read under its lock anyway; a request that
         // waited for room counts its latency from before it waited.
-        let (admitted, acq, started) = match self.enter(meta, opts.class != IoClass::Interactive)? {
+        let lower = opts.class != IoClass::Interactive;
+        let (admitted, acq, started) = match self.enter(meta, lower)? {
             (Entered::Now(admitted, acq), now) => (admitted, acq, now),
             (Entered::Wait(rx), from) => {
                 let Ok(mut handed) = rx.await else {
@@ -826,6 +860,7 @@ fn pool(infos: &[&DeviceInfo], policy: Box<dyn Policy + Send>) -> (Arc<Mutex<Inn
         name: names.join(", "),
         q,
         epoch: Instant::now(),
+        last: 0,
         timer_at: None,
         room: Room::new(cfg.max_pending),
         events: broadcast::channel(EVENTS).0,
@@ -1227,6 +1262,55 @@ mod tests {
     fn counts(inner: &Arc<Mutex<Inner>>) -> (usize, usize) {
         let g = inner.lock();
         (g.room.all, g.room.lower)
+    }
+
+    /// `f` polled as a volume polls a request it issued at `at`: its output and its times.
+    async fn issued_at<F: Future>(at: Instant, f: F) -> (F::Output, crate::times::Times) {
+        let mut times = crate::times::Times::new(at);
+        let mut f = std::pin::pin!(f);
+        let out = std::future::poll_fn(|cx| times.poll(f.as_mut(), cx)).await;
+        (out, times)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_issued_above_is_timed_from_then_and_the_clock_never_goes_back() {
+        let q = Queue::new(MemDevice::new("m", 64));
+        let t0 = Instant::now();
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let data = Bytes::from(vec![1u8; 512]);
+        // Issued 30 ms ago by a volume above (the queue's first request): its latency
+        // counts from then, and the volume learns when it completed.
+        let (r, times) = issued_at(t0, q.write(0, data.clone(), IoOpts::new())).await;
+        r.unwrap();
+        let took = q.stats().snapshot().latency_percentile(100.0).unwrap();
+        assert!(
+            took >= Duration::from_millis(29) && took <= Duration::from_millis(31),
+            "{took:?}"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            times.ended(),
+            t0 + Duration::from_millis(30),
+            "the queue's reading"
+        );
+        // Read here, on the paused clock, a request takes no time.
+        q.write(0, data, IoOpts::new()).await.unwrap();
+        assert_eq!(
+            q.stats().snapshot().latency_percentile(50.0),
+            Some(Duration::from_nanos(0))
+        );
+        // Never from before a time the queue already used.
+        let used = q.inner.lock().now();
+        assert_eq!(used, 31_000_000);
+        assert_eq!(
+            q.inner.lock().issued(Some(t0)),
+            used,
+            "issued before the last time used"
+        );
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let mut g = q.inner.lock();
+        assert_eq!(g.issued(Some(Instant::now())), used + 5_000_000);
+        assert_eq!(g.issued(None), used + 5_000_000);
     }
 
     #[test]
