@@ -4,25 +4,30 @@
 # run twice per mode, with COUNT and 6 x COUNT writes, the difference divided by 5 x COUNT
 # (the setup, counted in both, falls out). Prints instructions a write straight to the
 # memory devices, through a tagged queue over each, and through the striped volume, and what
-# each layer adds. With KEEP=DIR, the larger run's callgrind profile of each mode is kept in
-# DIR (`callgrind_annotate DIR/volume.out` shows where the instructions go).
+# each layer adds; then, the same way with the `session-cost` example, what the NBD
+# protocol's state machine costs a 4 KiB request (32 at a time, half reads, half writes).
+# With KEEP=DIR, the larger run's callgrind profile of each mode is kept in DIR
+# (`callgrind_annotate DIR/volume.out` shows where the instructions go; `session.out`).
 #
 # usage: benches/layer-instructions.sh [COUNT]   (COUNT 20000 by default; about a minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${1:-20000}
 command -v valgrind >/dev/null || { echo "valgrind is missing (Debian: valgrind)"; exit 2; }
-cargo build --release -q -p tagstripe-benches --example layer-cost
+cargo build --release -q -p tagstripe-benches --example layer-cost --example session-cost
 bin=$PWD/target/release/examples/layer-cost
+session_bin=$PWD/target/release/examples/session-cost
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-ir() { # mode count file -> instructions
-  valgrind --tool=callgrind --callgrind-out-file="$3" "$bin" "$1" "$2" >/dev/null 2>"$out/err" ||
+ir() { # mode count file -> instructions ("session": the session-cost example)
+  local run=("$bin" "$1" "$2")
+  [[ $1 == session ]] && run=("$session_bin" "$2")
+  valgrind --tool=callgrind --callgrind-out-file="$3" "${run[@]}" >/dev/null 2>"$out/err" ||
     { cat "$out/err"; exit 1; }
   awk '/^summary:/ {print $2}' "$3"
 }
 declare -A per
-for mode in device queued volume; do
+for mode in device queued volume session; do
   a=$(ir "$mode" "$count" "$out/$mode-small.out")
   b=$(ir "$mode" $((6 * count)) "$out/$mode.out")
   per[$mode]=$(((b - a) / (5 * count)))
@@ -34,3 +39,4 @@ printf '%-32s %8d   (the queue: %d)\n' "through a tagged queue" "${per[queued]}"
   $((per[queued] - per[device]))
 printf '%-32s %8d   (striping, split, accounting: %d)\n' "through the striped volume" \
   "${per[volume]}" $((per[volume] - per[queued]))
+printf '%-32s %8d\n' "the NBD session, a 4 KiB request" "${per[session]}"

@@ -41,6 +41,7 @@ mod replies;
 mod transmission;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -457,9 +458,9 @@ pub struct ServerSession {
     payload: Option<Payload>,
     next_id: u64,
     /// Client requests answered in parts, by internal request id.
-    requests: HashMap<u64, Pending>,
+    requests: IdMap<Pending>,
     /// Ops in flight: op id -> (request id, offset of the piece).
-    ops: HashMap<u64, (u64, u64)>,
+    ops: IdMap<(u64, u64)>,
     ready: VecDeque<Op>,
     /// Requests with read pieces still to let out, in arrival order.
     streaming: VecDeque<u64>,
@@ -512,8 +513,8 @@ impl ServerSession {
             strict: true,
             payload: None,
             next_id: 1,
-            requests: HashMap::new(),
-            ops: HashMap::new(),
+            requests: IdMap::default(),
+            ops: IdMap::default(),
             ready: VecDeque::new(),
             streaming: VecDeque::new(),
             buffered: 0,
@@ -887,10 +888,71 @@ impl ServerSession {
     }
 }
 
+/// A map keyed by the session's own ids (requests and ops, numbered one after another from
+/// one counter): keys no client chooses, so a multiplication spreads them over the table
+/// where the default hasher (SipHash, made to resist keys chosen to collide) costs several
+/// times as much, a few times a request.
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// Hashes a session id with one multiplication by an odd constant (Fibonacci hashing, the
+/// golden ratio's 64-bit multiple): consecutive ids land in distinct buckets (the low bits
+/// are a bijection) with their high bits, which the table's tags take, spread.
+#[derive(Default)]
+struct IdHasher(u64);
+
+/// 2^64 divided by the golden ratio, made odd.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `u64` keys; any other bytes mixed in one at a time.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(GOLDEN);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = (self.0 ^ id).wrapping_mul(GOLDEN);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::replies::{all_zero, zero_runs};
     use super::*;
+
+    #[test]
+    fn consecutive_ids_hash_to_distinct_buckets_and_spread_tags() {
+        let hash = |id: u64| {
+            let mut h = IdHasher::default();
+            h.write_u64(id);
+            h.finish()
+        };
+        // Any run of 4,096 consecutive ids fills a table of 4,096 buckets once each.
+        for base in [1u64, 1 << 20, u64::MAX - 4096] {
+            let mut seen = vec![false; 4096];
+            for id in base..base + 4096 {
+                seen[(hash(id) & 4095) as usize] = true;
+            }
+            assert!(seen.iter().all(|&s| s), "from {base}");
+        }
+        // And their top 7 bits (the table's tags) take every value.
+        let tags: std::collections::BTreeSet<u64> = (1..4097).map(|id| hash(id) >> 57).collect();
+        assert_eq!(tags.len(), 128);
+        // As a map: what goes in comes out.
+        let mut m = IdMap::default();
+        for id in 1..1000u64 {
+            m.insert(id, id * 3);
+        }
+        assert!((1..1000u64).all(|id| m.remove(&id) == Some(id * 3)) && m.is_empty());
+        let mut h = IdHasher::default();
+        h.write(b"ab");
+        assert_ne!(h.finish(), IdHasher::default().finish());
+    }
 
     fn session(tls: TlsPolicy) -> ServerSession {
         session_sized(tls, 64 * 512)

@@ -165,7 +165,7 @@ impl ServerSession {
         piece: u64,
         data: Bytes,
     ) -> Result<Op, SessionError> {
-        let Some(mut r) = self.requests.remove(&req) else {
+        let Some(r) = self.requests.get_mut(&req) else {
             return Err(SessionError::Protocol(
                 "write payload without a request".to_owned(),
             ));
@@ -173,9 +173,8 @@ impl ServerSession {
         r.to_receive -= piece;
         r.open += 1;
         r.next = at + piece;
-        self.buffered += piece;
         let flags = r.flags;
-        self.requests.insert(req, r);
+        self.buffered += piece;
         Ok(self.new_op(req, at, OpKind::Write(data), at, piece, flags))
     }
 
