@@ -390,6 +390,13 @@ struct Pending {
     to_receive: u64,
 }
 
+impl Pending {
+    /// Nothing of the request is left: no op open, none to let out, no payload to come.
+    fn done(&self) -> bool {
+        self.open == 0 && self.next >= self.offset + self.length && self.to_receive == 0
+    }
+}
+
 /// Where a large write's payload starts in memory: a page, the alignment `O_DIRECT` asks of
 /// every device here.
 pub(crate) const PAYLOAD_ALIGN: usize = 4096;

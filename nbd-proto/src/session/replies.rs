@@ -11,8 +11,7 @@ impl ServerSession {
 
     /// Stores the request back, or answers it if nothing of it is left.
     pub(super) fn finish_or_keep(&mut self, req: u64, mut p: Pending) {
-        let done = p.open == 0 && p.next >= p.offset + p.length && p.to_receive == 0;
-        if !done {
+        if !p.done() {
             self.requests.insert(req, p);
             return;
         }
@@ -164,7 +163,8 @@ impl ServerSession {
             {
                 return;
             }
-            let Some(mut p) = self.requests.remove(&req) else {
+            // Updated in place; taken out only to be answered.
+            let Some(p) = self.requests.get_mut(&req) else {
                 self.streaming.pop_front();
                 continue;
             };
@@ -173,21 +173,28 @@ impl ServerSession {
                 // Stop reading after an error: the rest is not wanted.
                 p.next = end;
             }
+            let mut piece = None;
             if p.next < end {
                 let at = p.next;
                 let len = step.min(end - at);
                 p.next += len;
                 p.open += 1;
-                self.buffered += len;
-                let op = self.new_op(req, at, OpKind::Read, at, len, p.flags);
-                self.ready.push_back(op);
+                piece = Some((at, len, p.flags));
             }
             let exhausted = p.next >= end;
+            let done = p.done();
+            if let Some((at, len, flags)) = piece {
+                self.buffered += len;
+                let op = self.new_op(req, at, OpKind::Read, at, len, flags);
+                self.ready.push_back(op);
+            }
             if exhausted {
                 self.streaming.pop_front();
-                self.finish_or_keep(req, p);
-            } else {
-                self.requests.insert(req, p);
+                if done {
+                    if let Some(p) = self.requests.remove(&req) {
+                        self.finish_or_keep(req, p);
+                    }
+                }
             }
         }
     }
