@@ -254,24 +254,21 @@ impl Inner {
     /// The clock, read now, and the reading itself.
     fn now_at(&mut self) -> (u64, Instant) {
         let at = Instant::now();
-        let now =
-            u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
-        self.last = self.last.max(now);
-        (self.last, at)
+        (self.time(at), at)
     }
 
-    /// A request's submit time: when it was `issued` if a layer above read the clock for it
-    /// (never before a time already used), else the clock read now.
+    /// A request's submit time: when it was `issued` if a layer above read the clock for it,
+    /// else the clock read now.
     fn issued(&mut self, issued: Option<Instant>) -> u64 {
-        match issued {
-            Some(at) => {
-                let at = u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
-                    .unwrap_or(u64::MAX);
-                self.last = self.last.max(at);
-                self.last
-            }
-            None => self.now(),
-        }
+        self.time(issued.unwrap_or_else(Instant::now))
+    }
+
+    /// `at` in nanoseconds from `epoch`, never before a time already used.
+    fn time(&mut self, at: Instant) -> u64 {
+        let ns =
+            u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        self.last = self.last.max(ns);
+        self.last
     }
 }
 
