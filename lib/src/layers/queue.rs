@@ -248,19 +248,7 @@ impl std::fmt::Debug for Inner {
 impl Inner {
     /// The clock, read now.
     fn now(&mut self) -> u64 {
-        self.now_at().0
-    }
-
-    /// The clock, read now, and the reading itself.
-    fn now_at(&mut self) -> (u64, Instant) {
-        let at = Instant::now();
-        (self.time(at), at)
-    }
-
-    /// A request's submit time: when it was `issued` if a layer above read the clock for it,
-    /// else the clock read now.
-    fn issued(&mut self, issued: Option<Instant>) -> u64 {
-        self.time(issued.unwrap_or_else(Instant::now))
+        self.time(Instant::now())
     }
 
     /// `at` in nanoseconds from `epoch`, never before a time already used.
@@ -491,9 +479,10 @@ impl<D: BlockDevice> Queue<D> {
     /// The request's submit time: when it was issued if a volume above read the clock for
     /// it (see `crate::times`), else the queue's clock as it was read.
     fn enter(&self, meta: Meta, lower: bool) -> Result<(Entered<'_>, u64)> {
-        let issued = crate::times::issued();
+        // Read before the lock is taken, as in `release`.
+        let issued = crate::times::issued().unwrap_or_else(Instant::now);
         let mut g = self.inner.lock();
-        let now = g.issued(issued);
+        let now = g.time(issued);
         if !g.room.may_enter(lower) {
             let (tx, rx) = oneshot::channel();
             g.room.waiting[usize::from(lower)].push_back(tx);
@@ -590,10 +579,14 @@ impl<D: BlockDevice> Queue<D> {
         admitted: Option<&mut Admitted<'_>>,
     ) -> (Option<Acquired>, u64) {
         guard.tag = None;
-        let mut g = self.inner.lock();
-        let (now, at) = g.now_at();
+        // The clock is read before the lock is taken (the lock held no longer than its
+        // bookkeeping needs: the other workers' requests wait on it); `time` keeps the
+        // queue's clock from going back if another completion took the lock in between.
+        let at = Instant::now();
         // The volume above, if any, ends its request at its last command's completion.
         crate::times::completed(at);
+        let mut g = self.inner.lock();
+        let now = g.time(at);
         let again = match res {
             Err(e) if e.is_retryable() => {
                 tracing::info!(
@@ -684,8 +677,9 @@ impl<D: BlockDevice> Queue<D> {
         if !self.cuts[opts.class.index()] {
             return None;
         }
+        let at = Instant::now();
         let mut g = self.inner.lock();
-        let now = g.now();
+        let now = g.time(at);
         let limit = g.q.piece_limit(now, &Self::meta(op, opts, sectors))?;
         let lbs = u64::from(self.dev.info().limits.logical_block_size / 512).max(1);
         let piece = (limit / lbs).max(1) * lbs;
@@ -1300,14 +1294,14 @@ mod tests {
         let used = q.inner.lock().now();
         assert_eq!(used, 31_000_000);
         assert_eq!(
-            q.inner.lock().issued(Some(t0)),
+            q.inner.lock().time(t0),
             used,
             "issued before the last time used"
         );
         tokio::time::advance(Duration::from_millis(5)).await;
         let mut g = q.inner.lock();
-        assert_eq!(g.issued(Some(Instant::now())), used + 5_000_000);
-        assert_eq!(g.issued(None), used + 5_000_000);
+        assert_eq!(g.time(Instant::now()), used + 5_000_000);
+        assert_eq!(g.now(), used + 5_000_000);
     }
 
     #[test]
