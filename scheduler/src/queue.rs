@@ -80,34 +80,40 @@ struct Slot {
 /// q.handle_completion(5_000_000, d.tag, Outcome::Done).unwrap();
 /// assert!(matches!(q.poll_event(), Some(tagstripe_scheduler::Event::Completed { latency: 5_000_000, .. })));
 /// ```
+// Laid out in declaration order (`repr(C)`), what every request reads and writes first:
+// a queue shared by the workers of a runtime moves its state between their cores at each
+// request, a cache line at a time, so the fields of the common path (a request let through
+// at once, its completion) share as few lines as they can, next to the lock of whoever
+// holds the queue; what only a waiting request, a barrier or BUSY touches comes after.
 #[derive(Debug)]
+#[repr(C)]
 pub struct TagQueue<R, P> {
-    cfg: QueueConfig,
-    policy: P,
     openings: u32,
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
-    pending: [VecDeque<Pending<R>>; 4],
-    head_of_queue: VecDeque<Pending<R>>,
-    events: VecDeque<Event>,
-    active: [u32; 4],
     active_ordered: u32,
+    active: [u32; 4],
+    /// Requests waiting in the host queue (`pending` and `head_of_queue` together).
+    queued: usize,
     next_ticket: u64,
     epoch: u64,
     busy_until: Option<Nanos>,
+    wait_until: Option<Nanos>,
+    drain_for: Option<IoClass>,
+    closed: bool,
+    /// Whether completions and failures are reported as events.
+    completion_events: bool,
+    free: Vec<u32>,
+    slots: Vec<Option<Slot>>,
+    events: VecDeque<Event>,
+    policy: P,
+    cfg: QueueConfig,
+    pending: [VecDeque<Pending<R>>; 4],
+    head_of_queue: VecDeque<Pending<R>>,
     /// When the BUSY pause in progress began.
     busy_from: Nanos,
     last_full: Option<Nanos>,
     last_ramp: Nanos,
-    wait_until: Option<Nanos>,
-    drain_for: Option<IoClass>,
-    closed: bool,
     /// The policy's shaping as last reported (budget, piece, whether draining ahead).
     last_shape: Option<ShapeKey>,
-    /// Requests waiting in the host queue (`pending` and `head_of_queue` together).
-    queued: usize,
-    /// Whether completions and failures are reported as events.
-    completion_events: bool,
 }
 
 impl<R, P: Policy> TagQueue<R, P> {

@@ -217,22 +217,26 @@ enum Acquired {
     Wait(oneshot::Receiver<Grant>),
 }
 
+// In declaration order (`repr(C)`): the tag queue's own state first (see `TagQueue`'s
+// layout), beside the lock, then the rest of what every request touches; the name and the
+// event channel, which only events read, last.
+#[repr(C)]
 struct Inner {
-    /// The device's name, for events.
-    name: String,
     q: TagQueue<Waiter, Box<dyn Policy + Send>>,
-    epoch: Instant,
     /// The latest time the queue used (nanoseconds from `epoch`): a request issued before it
     /// (its time read by a volume above, see `crate::times`) is submitted at it, so the
     /// scheduler's time never goes back.
     last: u64,
+    epoch: Instant,
     timer_at: Option<u64>,
     /// Room in the host queue, shared by the pool's queues.
     room: Room,
-    /// The queue's events go to whoever subscribed ([`QueueHandle::subscribe`]).
-    events: broadcast::Sender<Event>,
     /// Whether anyone ever subscribed (until then no event is sent).
     subscribed: bool,
+    /// The device's name, for events.
+    name: String,
+    /// The queue's events go to whoever subscribed ([`QueueHandle::subscribe`]).
+    events: broadcast::Sender<Event>,
 }
 
 impl std::fmt::Debug for Inner {
