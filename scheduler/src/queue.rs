@@ -729,3 +729,35 @@ impl<R, P: Policy> TagQueue<R, P> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The layout the common path relies on (see the comment on [`TagQueue`]): its counters,
+    /// free-tag list and slots within the struct's first three cache lines (136 bytes), the
+    /// host queue's class queues (touched only by requests that wait) after them.
+    #[test]
+    fn the_common_paths_fields_come_first() {
+        type Q = TagQueue<(), Box<dyn Policy + Send>>;
+        let hot_end = [
+            offset_of!(Q, openings) + size_of::<u32>(),
+            offset_of!(Q, active) + size_of::<[u32; 4]>(),
+            offset_of!(Q, queued) + size_of::<usize>(),
+            offset_of!(Q, next_ticket) + size_of::<u64>(),
+            offset_of!(Q, busy_until) + size_of::<Option<Nanos>>(),
+            offset_of!(Q, free) + size_of::<Vec<u32>>(),
+            offset_of!(Q, slots) + size_of::<Vec<Option<Slot>>>(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(usize::MAX);
+        assert!(
+            hot_end <= 192,
+            "the common path's fields end at byte {hot_end}"
+        );
+        assert!(offset_of!(Q, pending) >= hot_end);
+        assert!(offset_of!(Q, head_of_queue) >= hot_end);
+    }
+}

@@ -481,7 +481,7 @@ impl<D: BlockDevice> Queue<D> {
     /// queues it with this metadata, in one critical section: admitted at once (the common
     /// case), or told to wait for room (a full host queue is waited for, never an error).
     /// The request's submit time: when it was issued if a volume above read the clock for
-    /// it (see `crate::times`), else the queue's clock as it was read.
+    /// it (see `crate::times`), else the clock read just before the lock is taken.
     fn enter(&self, meta: Meta, lower: bool) -> Result<(Entered<'_>, u64)> {
         // Read before the lock is taken, as in `release`.
         let issued = crate::times::issued().unwrap_or_else(Instant::now);
